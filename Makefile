@@ -1,0 +1,56 @@
+# The two commands that matter: `make run` and `make test`. Each does its own set-up.
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
+
+.PHONY: run test check lint typecheck unit integration engine-env schema engine-validate clean help
+
+help:
+	@echo "make run    - engines + gateway on http://127.0.0.1:8080 (Ctrl-C stops all)"
+	@echo "make test   - the whole suite: lint, types, unit, contract and real-vLLM integration"
+	@echo "make schema - regenerate policies/policy.schema.json from the policy models"
+
+$(STAMP): pyproject.toml
+	@echo "setup: gateway environment $(VENV)"
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@$(BIN)/pip install --quiet --upgrade pip
+	@$(BIN)/pip install --quiet --progress-bar off -e '.[dev]'
+	@rm -f $(VENV)/.installed-*
+	@touch $@
+
+engine-env:
+	@bash engine/setup-env.sh
+
+run: $(STAMP) engine-env
+	@$(BIN)/engine stack
+
+lint: $(STAMP)
+	@echo "lint: ruff"
+	@$(BIN)/ruff check gateway engine tests
+	@$(BIN)/ruff format --check gateway engine tests
+
+typecheck: $(STAMP)
+	@echo "types: mypy --strict"
+	@$(BIN)/mypy
+
+check: lint typecheck
+
+unit: $(STAMP)
+	@$(BIN)/pytest tests --ignore=tests/integration -q
+
+integration: $(STAMP) engine-env
+	@$(BIN)/pytest tests/integration -v
+
+test: $(STAMP) engine-env check
+	@$(BIN)/pytest -v --durations=10
+
+schema: $(STAMP)
+	@$(BIN)/gateway policy schema --out policies/policy.schema.json
+
+engine-validate: $(STAMP) engine-env
+	@$(BIN)/engine validate
+
+clean:
+	rm -rf .run $(VENV) .venv-engine .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,1 @@
+"""Running and watching vLLM engines: profiles, the tiny offline model, local replicas."""

@@ -1,0 +1,118 @@
+"""`make run`: engines, then the gateway in front of them, until Ctrl-C.
+
+Environment knobs (all optional):
+    ENGINE_PROFILE (cpu-tiny)  ENGINE_REPLICAS (2)  ENGINE_MODEL (the profile's model)
+    ENGINE_EMBED_PROFILE (cpu-tiny-embed; empty for none)
+    GATEWAY_POLICY (policies/default.yaml)  GATEWAY_HOST (127.0.0.1)  GATEWAY_PORT (8080)
+    REDIS_URL (unset: the gateway runs an embedded, durable Redis under .run/state)
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from types import FrameType
+
+from engine.cli import resolve_model
+from engine.profiles import load_profile
+from engine.supervisor import ROOT, EngineError, Launch, Paths, down, up
+
+
+def _wait_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise EngineError(f"the gateway exited with code {proc.returncode}")
+        try:
+            with urllib.request.urlopen(f"{url}/readyz", timeout=1) as resp:
+                if resp.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.3)
+    raise EngineError(f"the gateway at {url} was not ready after {timeout_s:.0f}s")
+
+
+def _examples(base: str) -> str:
+    return f"""
+  Gateway ready: {base}/v1   (OPENAI_BASE_URL={base}/v1, any OPENAI_API_KEY)
+
+  curl {base}/v1/chat/completions -H 'Content-Type: application/json' \\
+    -d '{{"model": "tiny", "messages": [{{"role": "user", "content": "Hello"}}], "max_tokens": 16}}'
+
+  python - <<'PY'
+  from openai import OpenAI
+  client = OpenAI(base_url="{base}/v1", api_key="unused")
+  reply = client.chat.completions.create(
+      model="tiny", messages=[{{"role": "user", "content": "Hello"}}], max_tokens=16)
+  print(reply.choices[0].message.content, reply.usage)
+  PY
+
+  The tiny model has random weights: its text is noise, everything else is real vLLM.
+  engine status  (.venv/bin/engine status) shows the replicas. Ctrl-C stops everything.
+"""
+
+
+def run_stack() -> int:
+    paths = Paths.default()
+    host = os.environ.get("GATEWAY_HOST", "127.0.0.1")
+    port = os.environ.get("GATEWAY_PORT", "8080")
+    policy = os.environ.get("GATEWAY_POLICY", str(ROOT / "policies" / "default.yaml"))
+    launches = []
+    chat = load_profile(os.environ.get("ENGINE_PROFILE", "cpu-tiny"))
+    model_override = os.environ.get("ENGINE_MODEL") or None
+    launches.append(Launch(chat, int(os.environ.get("ENGINE_REPLICAS", "2")),
+                           resolve_model(chat, model_override, paths)))  # fmt: skip
+    embed_name = os.environ.get("ENGINE_EMBED_PROFILE", "cpu-tiny-embed")
+    if embed_name:
+        embed = load_profile(embed_name)
+        launches.append(Launch(embed, 1, resolve_model(embed, model_override, paths)))
+
+    stopping = False
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        nonlocal stopping
+        stopping = True
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_signal)
+    gateway: subprocess.Popen[bytes] | None = None
+    try:
+        down(paths, say=lambda m: None)  # leftovers of an earlier run that was killed
+        print(f"engine: starting {', '.join(f'{launch.count} x {launch.profile.name}' for launch in launches)}"
+              " (about 40-90 s on 2 CPU cores)", flush=True)  # fmt: skip
+        up(launches, paths=paths, say=lambda m: print(m, flush=True))
+        if not os.environ.get("REDIS_URL"):
+            print("state: no REDIS_URL, the gateway starts an embedded durable Redis in .run/state",
+                  flush=True)  # fmt: skip
+        env = {**os.environ, "ENGINE_STATE": str(paths.state.resolve()),
+               "GATEWAY_STATE_DIR": str((ROOT / ".run" / "state").resolve())}  # fmt: skip
+        gateway = subprocess.Popen(
+            [sys.executable, "-m", "gateway", "serve", "--policy", policy, "--host", host, "--port", port],
+            cwd=ROOT, env=env,
+        )  # fmt: skip
+        base = f"http://{host}:{port}"
+        _wait_ready(base, gateway)
+        print(_examples(base), flush=True)
+        gateway.wait()
+        return 0 if stopping else (gateway.returncode or 0)
+    except KeyboardInterrupt:
+        print("\nstopping...", flush=True)
+        return 0
+    except EngineError as exc:
+        print(f"engine: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if gateway is not None and gateway.poll() is None:
+            gateway.send_signal(signal.SIGINT)
+            try:
+                gateway.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                gateway.kill()
+        down(paths)

@@ -1,0 +1,255 @@
+"""Start, watch and stop local vLLM replicas as background processes.
+
+Each replica is its own process group (so stopping it stops vLLM's engine-core and worker
+children too), listens on a free loopback port, and logs to its own file. `up` returns only
+when every new replica answers `/health`, printing progress while it waits.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.profiles import SERVER_MODULE, Profile
+from engine.state import ReplicaRecord, read_state, write_state
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Paths:
+    state: Path
+    logs: Path
+    python: Path
+
+    @classmethod
+    def default(cls) -> Paths:
+        run = Path(os.environ.get("ENGINE_RUN_DIR", ROOT / ".run"))
+        return cls(
+            state=Path(os.environ.get("ENGINE_STATE", run / "engine-state.json")),
+            logs=run / "engine-logs",
+            python=Path(os.environ.get("ENGINE_PYTHON", ROOT / ".venv-engine" / "bin" / "python")),
+        )
+
+
+class EngineError(Exception):
+    pass
+
+
+# Handles of the replicas this process started. Replicas outlive `engine up` (they run in
+# their own sessions), but while the starting process lives it must keep and finally reap
+# its children: dropping a running Popen leaks a zombie and a ResourceWarning.
+_children: dict[int, subprocess.Popen[bytes]] = {}
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def is_healthy(url: str, timeout: float = 1.0) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=timeout) as resp:
+            return bool(resp.status == 200)
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@dataclass(frozen=True)
+class Launch:
+    profile: Profile
+    count: int
+    model: str
+    pool: str | None = None
+
+
+def up(
+    launches: list[Launch],
+    *,
+    paths: Paths,
+    host: str = "127.0.0.1",
+    timeout_s: float = 600.0,
+    say: Callable[[str], None] = print,
+) -> list[ReplicaRecord]:
+    """Start every replica of every launch at once, then wait until all are healthy."""
+    if not paths.python.exists():
+        raise EngineError(
+            f"no engine environment at {paths.python}; run `make engine-env` (or set ENGINE_PYTHON)"
+        )
+    paths.logs.mkdir(parents=True, exist_ok=True)
+    started: list[tuple[ReplicaRecord, subprocess.Popen[bytes]]] = []
+    try:
+        for launch in launches:
+            for _ in range(launch.count):
+                started.append(_start_one(launch, paths=paths, host=host, say=say))
+        _wait_healthy(started, timeout_s=timeout_s, say=say)
+    except BaseException:
+        for record, _proc in started:
+            _terminate(record.pid)
+        raise
+    records = [r for r, _ in started]
+    current = [r for r in read_state(paths.state) if pid_alive(r.pid)]
+    write_state(paths.state, current + records)
+    return records
+
+
+def _start_one(
+    launch: Launch, *, paths: Paths, host: str, say: Callable[[str], None]
+) -> tuple[ReplicaRecord, subprocess.Popen[bytes]]:
+    profile = launch.profile
+    env = {**os.environ, **profile.serve_env(), "PYTHONUNBUFFERED": "1"}
+    # Engines never reach a model hub here: a missing local file must fail, not hang.
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TRANSFORMERS_OFFLINE", "1")
+    env.setdefault("VLLM_NO_USAGE_STATS", "1")
+    env.setdefault("DO_NOT_TRACK", "1")
+    port = free_port(host)
+    log_path = paths.logs / f"{profile.name}-{port}.log"
+    args = profile.serve_args(model=launch.model, host=host, port=port)
+    with log_path.open("wb") as log_file:
+        proc = subprocess.Popen(
+            [str(paths.python), "-m", SERVER_MODULE, *args],
+            stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+            env=env, cwd=ROOT, start_new_session=True,
+        )  # fmt: skip
+    record = ReplicaRecord(
+        pool=launch.pool or profile.pool,
+        profile=profile.name,
+        served_model=profile.served_model,
+        url=f"http://{host}:{port}",
+        port=port,
+        pid=proc.pid,
+        log=str(log_path),
+    )
+    _children[proc.pid] = proc
+    say(f"engine: started {profile.name} on {record.url} (pid {proc.pid}, log {log_path})")
+    return record, proc
+
+
+def _wait_healthy(
+    started: list[tuple[ReplicaRecord, subprocess.Popen[bytes]]],
+    *,
+    timeout_s: float,
+    say: Callable[[str], None],
+) -> None:
+    begin = time.monotonic()
+    waiting = {r.url: (r, p) for r, p in started}
+    last_report = begin
+    while waiting:
+        for url, (record, proc) in list(waiting.items()):
+            if proc.poll() is not None:
+                tail = _tail(Path(record.log))
+                raise EngineError(
+                    f"replica {url} exited with code {proc.returncode} while starting; "
+                    f"last lines of {record.log}:\n{tail}"
+                )
+            if is_healthy(url):
+                say(f"engine: {url} healthy after {time.monotonic() - begin:.0f}s")
+                del waiting[url]
+        if not waiting:
+            return
+        now = time.monotonic()
+        if now - begin > timeout_s:
+            raise EngineError(f"replicas not healthy after {timeout_s:.0f}s: {', '.join(waiting)}")
+        if now - last_report >= 10:
+            say(f"engine: waiting for {len(waiting)} replica(s) to load ({now - begin:.0f}s)")
+            last_report = now
+        time.sleep(0.5)
+
+
+def _tail(path: Path, lines: int = 25) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def _terminate(pid: int, grace_s: float = 20.0) -> None:
+    """SIGTERM the replica's whole process group, SIGKILL what is left after the grace."""
+    child = _children.pop(pid, None)
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if child is not None:
+            child.poll()  # reap it as soon as it exits
+        try:
+            os.killpg(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.2)
+    else:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    if child is not None:
+        child.wait()
+
+
+def down(paths: Paths, *, pool: str | None = None, say: Callable[[str], None] = print) -> int:
+    records = read_state(paths.state)
+    stopping = [r for r in records if pool is None or r.pool == pool]
+    keep = [r for r in records if r not in stopping]
+    # Take them out of the state first, so the gateway stops routing to them.
+    write_state(paths.state, keep)
+    for record in stopping:
+        _terminate(record.pid)
+        say(f"engine: stopped {record.profile} replica {record.url} (pid {record.pid})")
+    return len(stopping)
+
+
+def status(paths: Paths) -> list[tuple[ReplicaRecord, bool, bool]]:
+    return [(r, pid_alive(r.pid), is_healthy(r.url)) for r in read_state(paths.state)]
+
+
+def build_tiny_model(out: Path, paths: Paths, *, seed: int = 0, say: Callable[[str], None] = print) -> None:
+    if not paths.python.exists():
+        raise EngineError(f"no engine environment at {paths.python}; run `make engine-env`")
+    say(f"engine: building the tiny model into {out} (offline, seed {seed})")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TQDM_DISABLE": "1"}
+    result = subprocess.run(
+        [str(paths.python), "-m", "engine.tiny_model", str(out), "--seed", str(seed)],
+        cwd=ROOT, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+    )  # fmt: skip
+    if result.returncode != 0:
+        raise EngineError(f"building the tiny model failed:\n{result.stdout}\n{result.stderr}")
+    say(result.stdout.strip())
+
+
+def validate_args(profile: Profile, paths: Paths) -> tuple[bool, str]:
+    import json
+
+    result = subprocess.run(
+        [str(paths.python), "-m", "engine.validate_args"],
+        input=json.dumps(profile.serve_args(port=8000)), cwd=ROOT, capture_output=True, text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )  # fmt: skip
+    lines = result.stdout.strip().splitlines()
+    message = lines[-1] if lines else (result.stderr.strip().splitlines() or ["no output"])[-1]
+    if result.returncode != 0 and result.stderr.strip():
+        message += "\n" + result.stderr.strip().splitlines()[-1]
+    return result.returncode == 0, message

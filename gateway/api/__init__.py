@@ -1,0 +1,1 @@
+"""HTTP surface: thin handlers that hand their dependencies to one call each."""

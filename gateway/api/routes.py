@@ -1,0 +1,84 @@
+"""Routes. Each handler reads what it needs from the request and calls one function."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import orjson
+from fastapi import APIRouter
+from starlette.requests import Request
+from starlette.responses import Response
+
+from gateway.api.body import read_body
+from gateway.errors import ModelNotFound
+from gateway.pipeline import Pipeline
+from gateway.policy import Endpoint, Policy
+from gateway.replicas import Fleet
+from gateway.state_store import StateStore
+
+
+def _json(data: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(data), status_code=status, media_type="application/json")
+
+
+def build_router(policy: Policy, fleet: Fleet, store: StateStore) -> APIRouter:
+    router = APIRouter()
+    limit = policy.limits.max_body_bytes
+    created = int(time.time())
+
+    async def forward(request: Request, endpoint: Endpoint) -> Response:
+        pipeline: Pipeline = request.app.state.pipeline
+        body = await read_body(request, limit)
+        return await pipeline.handle(endpoint, body, request.state.request_id)
+
+    @router.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await forward(request, Endpoint.chat)
+
+    @router.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await forward(request, Endpoint.completions)
+
+    @router.post("/v1/embeddings")
+    async def embeddings(request: Request) -> Response:
+        return await forward(request, Endpoint.embeddings)
+
+    def model_card(alias: str) -> dict[str, Any]:
+        return {"id": alias, "object": "model", "created": created, "owned_by": "agent-gateway"}
+
+    @router.get("/v1/models")
+    async def list_models() -> Response:
+        return _json({"object": "list", "data": [model_card(a) for a in sorted(fleet.models)]})
+
+    @router.get("/v1/models/{alias:path}")
+    async def retrieve_model(alias: str) -> Response:
+        if alias not in fleet.models:
+            raise ModelNotFound(f"The model `{alias}` does not exist.", param="model")
+        return _json(model_card(alias))
+
+    @router.get("/healthz")
+    async def healthz() -> Response:
+        return _json({"status": "ok"})
+
+    @router.get("/readyz")
+    async def readyz() -> Response:
+        models = {
+            alias: {
+                "pool": pool.name,
+                "healthy_replicas": len(pool.healthy),
+                "replicas": len(pool.replicas),
+            }
+            for alias, pool in sorted(fleet.models.items())
+        }
+        not_ready = sorted(a for a, m in models.items() if m["healthy_replicas"] == 0)
+        ready = not not_ready
+        body = {
+            "status": "ready" if ready else "not ready",
+            "models": models,
+            "not_ready": not_ready,
+            "state_store": "ok" if await store.ping() else "unreachable",
+        }
+        return _json(body, 200 if ready else 503)
+
+    return router

@@ -1,0 +1,113 @@
+"""`create_app()`: every object the gateway uses is built here, once, and handed to the
+code that needs it. No module-level state, no singletons.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+
+from gateway.api.routes import build_router
+from gateway.errors import (
+    GatewayError,
+    InvalidRequest,
+    MethodNotAllowed,
+    NotFound,
+    error_response,
+)
+from gateway.health import HealthMonitor
+from gateway.middleware import RequestIdMiddleware
+from gateway.pipeline import Pipeline
+from gateway.policy import Policy
+from gateway.replicas import Fleet
+from gateway.selection import default_chooser
+from gateway.state_store import StateStore
+from gateway.upstream import AiohttpUpstream, Upstream
+
+log = logging.getLogger(__name__)
+
+
+def create_app(
+    policy: Policy,
+    *,
+    upstream: Upstream | None = None,
+    store: StateStore | None = None,
+    health_checks: bool = True,
+) -> FastAPI:
+    fleet = Fleet(policy)
+    state = store if store is not None else StateStore(policy.state)
+    # The session is created inside the lifespan: aiohttp binds it to the running loop.
+    holder: dict[str, Upstream] = {}
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        client = upstream if upstream is not None else AiohttpUpstream.create()
+        holder["upstream"] = client
+        app.state.pipeline = Pipeline(policy, fleet, default_chooser(), client)
+        await state.open()
+        monitor: HealthMonitor | None = None
+        if health_checks and isinstance(client, AiohttpUpstream):
+            monitor = HealthMonitor(fleet, client.session, policy.health)
+            await monitor.check_all(first=True)  # know who is up before the first request
+            monitor.start()
+        try:
+            yield
+        finally:
+            if monitor is not None:
+                await monitor.stop()
+            await client.close()
+            await state.close()
+
+    app = FastAPI(
+        title="agent-gateway",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
+    app.add_middleware(RequestIdMiddleware)
+    app.include_router(build_router(policy, fleet, state))
+    _install_error_handlers(app)
+    return app
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    def request_id(request: Request) -> str | None:
+        return getattr(request.state, "request_id", None)
+
+    async def on_gateway_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, GatewayError)
+        return error_response(exc, request_id=request_id(request))
+
+    async def on_http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, StarletteHTTPException)
+        error: GatewayError
+        if exc.status_code == 405:
+            error = MethodNotAllowed(f"Method {request.method} is not allowed on {request.url.path}.")
+        elif exc.status_code == 404:
+            error = NotFound(f"Unknown request URL: {request.method} {request.url.path}.")
+        else:
+            error = InvalidRequest(str(exc.detail))
+            error.status = exc.status_code  # type: ignore[misc]
+        return error_response(error, request_id=request_id(request))
+
+    async def on_validation_error(request: Request, exc: Exception) -> Response:
+        return error_response(InvalidRequest(str(exc)), request_id=request_id(request))
+
+    async def on_unexpected(request: Request, exc: Exception) -> Response:
+        # A bug, not the client's fault: log it whole, tell the client nothing internal.
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        error = GatewayError("The gateway hit an internal error; it has been logged.")
+        return error_response(error, request_id=request_id(request))
+
+    app.add_exception_handler(GatewayError, on_gateway_error)
+    app.add_exception_handler(StarletteHTTPException, on_http_error)
+    app.add_exception_handler(RequestValidationError, on_validation_error)
+    app.add_exception_handler(Exception, on_unexpected)

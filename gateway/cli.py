@@ -1,0 +1,112 @@
+"""`gateway` command line: serve, and check or export the policy schema.
+
+    gateway serve [--policy FILE] [--host H] [--port P]
+    gateway policy check FILE [FILE ...]
+    gateway policy schema [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+from gateway.policy import Policy, PolicyError, load_policy
+
+DEFAULT_POLICY = "policies/default.yaml"
+
+
+def _policy_path(explicit: str | None) -> str:
+    return explicit or os.environ.get("GATEWAY_POLICY") or DEFAULT_POLICY
+
+
+def policy_json_schema() -> str:
+    schema = Policy.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "agent-gateway policy"
+    return json.dumps(schema, indent=2, sort_keys=True) + "\n"
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from gateway.app import create_app
+
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    path = _policy_path(args.policy)
+    try:
+        policy = load_policy(path)
+    except PolicyError as exc:
+        print(f"gateway: invalid policy\n{exc}", file=sys.stderr)
+        return 2
+    host = args.host or policy.server.host
+    port = args.port or policy.server.port
+    app = create_app(policy)
+    print(f"gateway: serving {len(policy.models)} model(s) from {path} on http://{host}:{port}/v1", flush=True)
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        log_level=args.log_level,
+        access_log=args.access_log,
+        timeout_graceful_shutdown=args.drain_s,
+    )
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    failed = 0
+    for path in args.files:
+        try:
+            policy = load_policy(path)
+        except PolicyError as exc:
+            print(exc, file=sys.stderr)
+            failed += 1
+        else:
+            print(f"{path}: ok ({len(policy.models)} models, {len(policy.pools)} pools)")
+    return 1 if failed else 0
+
+
+def _schema(args: argparse.Namespace) -> int:
+    text = policy_json_schema()
+    if args.out:
+        Path(args.out).write_text(text, encoding="utf-8")
+        print(f"wrote {args.out}")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="gateway", description="OpenAI-compatible agent gateway")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the gateway")
+    serve.add_argument("--policy", help=f"policy YAML (default: $GATEWAY_POLICY or {DEFAULT_POLICY})")
+    serve.add_argument("--host")
+    serve.add_argument("--port", type=int)
+    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    serve.add_argument("--access-log", action="store_true", help="log every request")
+    serve.add_argument("--drain-s", type=float, default=20.0, help="graceful shutdown budget")
+    serve.set_defaults(run=_serve)
+
+    policy = sub.add_parser("policy", help="policy tools").add_subparsers(dest="action", required=True)
+    check = policy.add_parser("check", help="validate policy files without serving")
+    check.add_argument("files", nargs="+")
+    check.set_defaults(run=_check)
+    schema = policy.add_parser("schema", help="print the policy's JSON Schema")
+    schema.add_argument("--out")
+    schema.set_defaults(run=_schema)
+
+    args = parser.parse_args(argv)
+    result: int = args.run(args)
+    return result
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,47 @@
+"""Make engine answers conform to OpenAI's published schemas before clients see them.
+
+vLLM fills optional fields with explicit nulls where OpenAI's schema says "absent or an
+object/array" (`message.annotations`, `message.function_call`,
+`usage.completion_tokens_details`). Strictly typed clients and contract tests reject
+those, so the gateway drops them. Only nulls that the schema forbids are removed; every
+other byte of the answer is kept, and an answer that needs no change is passed on as-is.
+Streamed chunks from vLLM already conform and are never re-encoded.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+# Keys OpenAI defines as nullable inside a message: their nulls carry meaning.
+_NULLABLE_MESSAGE_KEYS = frozenset({"content", "refusal", "audio"})
+
+
+def _drop_nulls(obj: dict[str, Any], keep: frozenset[str] = frozenset()) -> bool:
+    nulls = [k for k, v in obj.items() if v is None and k not in keep]
+    for key in nulls:
+        del obj[key]
+    return bool(nulls)
+
+
+def conform_response(payload: bytes) -> bytes:
+    """Return the payload with schema-breaking nulls removed (the same bytes if none)."""
+    try:
+        body = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return payload
+    if not isinstance(body, dict):
+        return payload
+    changed = False
+    usage = body.get("usage")
+    if isinstance(usage, dict):
+        changed |= _drop_nulls(usage)
+        for details in ("prompt_tokens_details", "completion_tokens_details"):
+            if isinstance(usage.get(details), dict):
+                changed |= _drop_nulls(usage[details])
+    for choice in body.get("choices") or ():
+        message = choice.get("message") if isinstance(choice, dict) else None
+        if isinstance(message, dict):
+            changed |= _drop_nulls(message, keep=_NULLABLE_MESSAGE_KEYS)
+    return orjson.dumps(body) if changed else payload

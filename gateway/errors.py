@@ -1,0 +1,155 @@
+"""The gateway's one error tree, and the one place it becomes an HTTP response.
+
+    GatewayError                      status  type
+    +-- InvalidRequest                  400   invalid_request_error  (malformed JSON, bad field)
+    +-- NotFound                        404   invalid_request_error  (unknown route)
+    |   +-- ModelNotFound               404   invalid_request_error  code=model_not_found
+    +-- MethodNotAllowed                405   invalid_request_error
+    +-- PayloadTooLarge                 413   invalid_request_error  code=request_too_large
+    +-- UpstreamError                   502   upstream_error         (engine unreachable or 5xx)
+    |   +-- UpstreamTimeout             504   upstream_error         code=upstream_timeout
+    +-- UpstreamRejected              (4xx)   (engine's own)         engine refused the request
+    +-- NoHealthyReplica                503   service_unavailable    Retry-After set
+
+Handlers raise these; `error_response` renders any of them in OpenAI's shape
+`{"error": {"message", "type", "param", "code"}}`. Anything else that escapes is a bug and
+is rendered as a 500 without internals (see gateway/app.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import orjson
+from starlette.responses import Response
+
+
+class GatewayError(Exception):
+    status: ClassVar[int] = 500
+    error_type: ClassVar[str] = "server_error"
+    default_code: ClassVar[str | None] = None
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code if code is not None else self.default_code
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.error_type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+class InvalidRequest(GatewayError):
+    status = 400
+    error_type = "invalid_request_error"
+
+
+class NotFound(GatewayError):
+    status = 404
+    error_type = "invalid_request_error"
+    default_code = "not_found"
+
+
+class ModelNotFound(NotFound):
+    default_code = "model_not_found"
+
+
+class MethodNotAllowed(GatewayError):
+    status = 405
+    error_type = "invalid_request_error"
+    default_code = "method_not_allowed"
+
+
+class PayloadTooLarge(GatewayError):
+    status = 413
+    error_type = "invalid_request_error"
+    default_code = "request_too_large"
+
+
+class UpstreamError(GatewayError):
+    status = 502
+    error_type = "upstream_error"
+    default_code = "upstream_error"
+
+
+class UpstreamTimeout(UpstreamError):
+    status = 504
+    default_code = "upstream_timeout"
+
+
+class NoHealthyReplica(GatewayError):
+    status = 503
+    error_type = "service_unavailable"
+    default_code = "no_healthy_replica"
+
+    def __init__(self, message: str, *, retry_after_s: int) -> None:
+        super().__init__(message, headers={"Retry-After": str(retry_after_s)})
+
+
+class UpstreamRejected(GatewayError):
+    """The engine answered 4xx: the request is the client's to fix, so its status is kept."""
+
+    error_type = "invalid_request_error"
+
+    def __init__(
+        self, status: int, message: str, *, param: str | None = None, code: str | None = None
+    ) -> None:
+        super().__init__(message, param=param, code=code)
+        self.status = status  # type: ignore[misc]
+
+
+def error_response(
+    error: GatewayError, *, request_id: str | None = None
+) -> Response:
+    headers = dict(error.headers)
+    if request_id:
+        headers["X-Request-Id"] = request_id
+    return Response(
+        orjson.dumps(error.body()),
+        status_code=error.status,
+        media_type="application/json",
+        headers=headers,
+    )
+
+
+def upstream_error_from_body(status: int, raw: bytes) -> GatewayError:
+    """Turn an engine's error reply into ours, keeping its message.
+
+    vLLM has answered both `{"error": {...}}` and the older flat
+    `{"object": "error", "message": ..., "type": ..., "code": ...}`; accept either.
+    """
+    message = f"engine answered HTTP {status}"
+    param: str | None = None
+    code: str | None = None
+    try:
+        parsed = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        parsed = None
+    if isinstance(parsed, dict):
+        inner = parsed.get("error") if isinstance(parsed.get("error"), dict) else parsed
+        if isinstance(inner.get("message"), str):
+            message = inner["message"]
+        if isinstance(inner.get("param"), str):
+            param = inner["param"]
+        if isinstance(inner.get("code"), str):
+            code = inner["code"]
+    elif raw:
+        message = f"{message}: {raw[:200].decode('utf-8', 'replace')}"
+    if 400 <= status < 500 and status != 429:
+        return UpstreamRejected(status, message, param=param, code=code)
+    return UpstreamError(f"engine failed (HTTP {status}): {message}")

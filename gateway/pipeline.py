@@ -1,0 +1,175 @@
+"""The request path, top to bottom: parse, resolve the model, choose a replica, send,
+relay the answer. Each step is a call into the module that owns it.
+
+Later stages (canonicalise, hydrate, trim, choose tier, breaker and retries, checkpoint,
+record) slot in here, in that order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import orjson
+from starlette.responses import Response, StreamingResponse
+
+from gateway.conformance import conform_response
+from gateway.errors import (
+    GatewayError,
+    NoHealthyReplica,
+    UpstreamError,
+    UpstreamTimeout,
+    upstream_error_from_body,
+)
+from gateway.inbound import InboundRequest, parse_request
+from gateway.policy import Endpoint, Policy
+from gateway.replicas import Fleet, Pool, Replica
+from gateway.selection import ReplicaChooser
+from gateway.sse import SSEFramer, data_event
+from gateway.upstream import ConnectFailed, Upstream, UpstreamResponse
+
+log = logging.getLogger(__name__)
+
+_UPSTREAM_PATHS = {
+    Endpoint.chat: "/v1/chat/completions",
+    Endpoint.completions: "/v1/completions",
+    Endpoint.embeddings: "/v1/embeddings",
+}
+_STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+@dataclass(frozen=True)
+class _Dispatch:
+    replica: Replica
+    response: UpstreamResponse
+    deadline: float
+
+
+class Pipeline:
+    def __init__(
+        self, policy: Policy, fleet: Fleet, chooser: ReplicaChooser, upstream: Upstream
+    ) -> None:
+        self._policy = policy
+        self._fleet = fleet
+        self._chooser = chooser
+        self._upstream = upstream
+
+    async def handle(self, endpoint: Endpoint, raw_body: bytes, request_id: str) -> Response:
+        request = parse_request(endpoint, raw_body)
+        pool = self._fleet.pool_for(request.model, endpoint)
+        dispatch = await self._dispatch(pool, request, request_id)
+        if request.stream:
+            return self._relay_stream(dispatch)
+        return await self._relay_whole(dispatch)
+
+    async def _dispatch(self, pool: Pool, request: InboundRequest, request_id: str) -> _Dispatch:
+        """Send to the best replica; on a refused connection (nothing sent) try the next."""
+        timeouts = self._policy.timeouts
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeouts.total_s
+        body = request.body_for(pool.spec.served_model)
+        headers = {"Content-Type": "application/json", "X-Request-Id": request_id}
+        if request.stream:
+            headers["Accept"] = "text/event-stream"
+        path = _UPSTREAM_PATHS[request.endpoint]
+        tried: set[Replica] = set()
+        while (replica := self._chooser.choose(pool.replicas, exclude=frozenset(tried))) is not None:
+            tried.add(replica)
+            replica.inflight += 1
+            try:
+                async with asyncio.timeout_at(min(deadline, loop.time() + timeouts.first_byte_s)):
+                    response = await self._upstream.post(
+                        replica.url + path, body, headers, connect_timeout_s=timeouts.connect_s
+                    )
+                    if response.status != 200:
+                        payload = await response.read()
+                        raise self._engine_refusal(replica, response.status, payload)
+            except ConnectFailed as exc:
+                replica.inflight -= 1
+                replica.mark_down(exc.message)
+                continue
+            except TimeoutError:
+                replica.inflight -= 1
+                raise UpstreamTimeout(
+                    f"The engine did not start answering within {timeouts.first_byte_s:g}s."
+                ) from None
+            except BaseException:
+                replica.inflight -= 1
+                raise
+            return _Dispatch(replica, response, deadline)
+        raise NoHealthyReplica(
+            f"No healthy replica is available for model `{request.model}`; try again shortly.",
+            retry_after_s=self._policy.health.retry_after_s,
+        )
+
+    def _engine_refusal(self, replica: Replica, status: int, payload: bytes) -> GatewayError:
+        if status >= 500:
+            replica.mark_failed(
+                f"answered HTTP {status}", threshold=self._policy.health.failures_to_unhealthy
+            )
+        return upstream_error_from_body(status, payload)
+
+    async def _relay_whole(self, dispatch: _Dispatch) -> Response:
+        replica, response = dispatch.replica, dispatch.response
+        try:
+            async with asyncio.timeout_at(dispatch.deadline):
+                payload = await response.read()
+        except TimeoutError:
+            response.abort()
+            raise UpstreamTimeout("The engine did not finish within the request deadline.") from None
+        finally:
+            replica.inflight -= 1
+        return Response(
+            conform_response(payload),
+            status_code=200,
+            media_type=response.content_type,
+            headers={"X-Gateway-Replica": replica.id},
+        )
+
+    def _relay_stream(self, dispatch: _Dispatch) -> StreamingResponse:
+        return StreamingResponse(
+            self._events(dispatch),
+            status_code=200,
+            media_type="text/event-stream",
+            headers={**_STREAM_HEADERS, "X-Gateway-Replica": dispatch.replica.id},
+        )
+
+    async def _events(self, dispatch: _Dispatch) -> AsyncIterator[bytes]:
+        """Forward each event as soon as it is complete; never buffer the stream."""
+        replica, response = dispatch.replica, dispatch.response
+        loop = asyncio.get_running_loop()
+        idle_s = self._policy.timeouts.idle_s
+        framer = SSEFramer()
+        finished = False
+        try:
+            while True:
+                try:
+                    async with asyncio.timeout_at(min(dispatch.deadline, loop.time() + idle_s)):
+                        chunk = await response.next_chunk()
+                except TimeoutError:
+                    yield _stream_error(UpstreamTimeout("The engine stopped sending mid-stream."))
+                    return
+                except UpstreamError as exc:
+                    log.warning("stream from %s broke: %s", replica.id, exc.message)
+                    yield _stream_error(exc)
+                    return
+                if not chunk:
+                    finished = True
+                    if rest := framer.flush():
+                        yield rest
+                    return
+                for event in framer.feed(chunk):
+                    yield event
+        finally:
+            replica.inflight -= 1
+            if finished:
+                response.release()
+            else:
+                response.abort()
+
+
+def _stream_error(error: GatewayError) -> bytes:
+    """Errors after the first byte travel in-stream, as OpenAI sends them."""
+    return data_event(orjson.dumps(error.body()))

@@ -1,0 +1,201 @@
+"""Load a policy YAML into a validated `Policy`, or fail naming file, key path and line.
+
+Strings may use `${VAR}` or `${VAR:-default}` to take a value from the environment, so one
+policy file serves a laptop and a cluster.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from gateway.policy.schema import Endpoint, Policy
+
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+@dataclass(frozen=True)
+class PolicyProblem:
+    path: str
+    message: str
+    line: int | None = None
+
+    def render(self, source: str) -> str:
+        where = f"{source}:{self.line}" if self.line else source
+        return f"{where}: {self.path or '<top level>'}: {self.message}"
+
+
+class PolicyError(Exception):
+    """The policy cannot be used; `str()` lists every problem, one per line."""
+
+    def __init__(self, source: str, problems: Sequence[PolicyProblem]) -> None:
+        self.source = source
+        self.problems = tuple(problems)
+        super().__init__("\n".join(p.render(source) for p in self.problems))
+
+
+def load_policy(path: str | Path) -> Policy:
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise PolicyError(source, [PolicyProblem("", f"cannot read the file: {exc.strerror}")]) from exc
+    return parse_policy(text, source=source, base_dir=Path(path).resolve().parent)
+
+
+def parse_policy(text: str, *, source: str = "<policy>", base_dir: Path | None = None) -> Policy:
+    try:
+        root_node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else None
+        raise PolicyError(source, [PolicyProblem("", f"not valid YAML: {exc}", line)]) from exc
+    if not isinstance(data, dict):
+        raise PolicyError(source, [PolicyProblem("", "expected a mapping at the top level")])
+
+    lines = _LineIndex(root_node)
+    try:
+        expanded = _expand_env(data, ())
+    except _EnvMissing as exc:
+        path = _dotted(exc.path)
+        problem = PolicyProblem(path, f"environment variable {exc.name} is not set", lines.of(exc.path))
+        raise PolicyError(source, [problem]) from None
+
+    try:
+        policy = Policy.model_validate(expanded)
+    except ValidationError as exc:
+        problems = [
+            PolicyProblem(_dotted(err["loc"]), _explain(err), lines.of(err["loc"]))
+            for err in exc.errors()
+        ]
+        raise PolicyError(source, problems) from None
+
+    problems = list(_reference_problems(policy, lines))
+    if problems:
+        raise PolicyError(source, problems)
+    return _resolve_paths(policy, base_dir) if base_dir else policy
+
+
+def _explain(err: Any) -> str:
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        return "unknown key (not part of the policy schema)"
+    if kind == "missing":
+        return "required key is missing"
+    message = str(err["msg"]).removeprefix("Value error, ")
+    value = err.get("input")
+    if isinstance(value, (str, int, float, bool)) and kind not in ("missing",):
+        return f"{message} (got {value!r})"
+    return message
+
+
+def _reference_problems(policy: Policy, lines: _LineIndex) -> list[PolicyProblem]:
+    problems: list[PolicyProblem] = []
+    defined = sorted(policy.pools)
+    for alias, model in policy.models.items():
+        if model.pool not in policy.pools:
+            loc = ("models", alias, "pool")
+            problems.append(
+                PolicyProblem(
+                    _dotted(loc),
+                    f"pool {model.pool!r} is not defined (expected one of: {', '.join(defined)})",
+                    lines.of(loc),
+                )
+            )
+    for name, pool in policy.pools.items():
+        if not pool.replicas and pool.engine_state is None:
+            loc = ("pools", name)
+            problems.append(
+                PolicyProblem(
+                    _dotted(loc),
+                    "a pool needs `replicas`, `engine_state`, or both",
+                    lines.of(loc),
+                )
+            )
+        if not pool.serves:
+            loc = ("pools", name, "serves")
+            allowed = ", ".join(e.value for e in Endpoint)
+            problems.append(
+                PolicyProblem(_dotted(loc), f"expected at least one of: {allowed}", lines.of(loc))
+            )
+    return problems
+
+
+def _resolve_paths(policy: Policy, base_dir: Path) -> Policy:
+    """Relative `engine_state` paths are relative to the policy file, not the cwd."""
+    pools = {
+        name: pool.model_copy(update={"engine_state": str((base_dir / pool.engine_state).resolve())})
+        if pool.engine_state and not Path(pool.engine_state).is_absolute()
+        else pool
+        for name, pool in policy.pools.items()
+    }
+    return policy.model_copy(update={"pools": pools})
+
+
+class _EnvMissing(Exception):
+    def __init__(self, name: str, path: tuple[str | int, ...]) -> None:
+        self.name = name
+        self.path = path
+
+
+def _expand_env(value: Any, path: tuple[str | int, ...]) -> Any:
+    if isinstance(value, str):
+        def substitute(match: re.Match[str]) -> str:
+            name, default = match.group(1), match.group(2)
+            found = os.environ.get(name)
+            if found is not None and found != "":
+                return found
+            if default is not None:
+                return default
+            raise _EnvMissing(name, path)
+
+        return _ENV_REF.sub(substitute, value)
+    if isinstance(value, dict):
+        return {k: _expand_env(v, (*path, str(k))) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_expand_env(v, (*path, i)) for i, v in enumerate(value)]
+    return value
+
+
+def _dotted(loc: Sequence[str | int]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+class _LineIndex:
+    """Finds the YAML line of a key path, so errors point at the line to fix."""
+
+    def __init__(self, root: yaml.Node | None) -> None:
+        self._root = root
+
+    def of(self, loc: Sequence[str | int]) -> int | None:
+        node = self._root
+        line = node.start_mark.line + 1 if node is not None else None
+        for part in loc:
+            if isinstance(node, yaml.MappingNode):
+                match = next((kv for kv in node.value if kv[0].value == str(part)), None)
+                if match is None:
+                    return line
+                line = match[0].start_mark.line + 1
+                node = match[1]
+            elif isinstance(node, yaml.SequenceNode) and isinstance(part, int):
+                if part >= len(node.value):
+                    return line
+                node = node.value[part]
+                line = node.start_mark.line + 1
+            else:
+                return line
+        return line

@@ -1,0 +1,123 @@
+"""The policy's strict schema: unknown keys, wrong types and bad values are rejected.
+
+These are raw, frozen configuration records. gateway/replicas.py builds the runtime
+objects (pools with live replica state) from them once, at start-up.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Annotated, Literal
+from urllib.parse import urlsplit
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Endpoint(str, Enum):
+    """The OpenAI endpoints a pool's engines serve."""
+
+    chat = "chat"
+    completions = "completions"
+    embeddings = "embeddings"
+
+
+def _http_base_url(value: str) -> str:
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("expected an http(s) base URL such as http://127.0.0.1:8001")
+    if parts.query or parts.fragment:
+        raise ValueError("a replica URL takes no query or fragment")
+    return value.rstrip("/")
+
+
+BaseUrl = Annotated[str, AfterValidator(_http_base_url)]
+Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$", max_length=128)]
+
+
+class ServerSpec(Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=1, le=65535)
+
+
+class LimitsSpec(Strict):
+    max_body_bytes: int = Field(
+        8 * 1024 * 1024, gt=0, description="Larger request bodies get 413."
+    )
+
+
+class TimeoutsSpec(Strict):
+    connect_s: float = Field(3.0, gt=0, description="Opening a connection to an engine.")
+    first_byte_s: float = Field(
+        120.0, gt=0, description="From sending the request to the engine's response headers."
+    )
+    idle_s: float = Field(
+        60.0, gt=0, description="Longest silence between two chunks of a streamed answer."
+    )
+    total_s: float = Field(600.0, gt=0, description="Whole request, streaming included.")
+
+
+class HealthSpec(Strict):
+    interval_s: float = Field(2.0, gt=0, description="How often each replica's /health is polled.")
+    timeout_s: float = Field(1.0, gt=0)
+    failures_to_unhealthy: int = Field(
+        2, ge=1, description="Consecutive failed polls before a replica leaves the rotation."
+    )
+    retry_after_s: int = Field(
+        2, ge=1, description="Retry-After sent with 503 when no replica of a model is healthy."
+    )
+
+
+class StateSpec(Strict):
+    redis_url: str = Field(
+        "",
+        description=(
+            "redis:// or rediss:// URL of the state store; empty starts an embedded, "
+            "durable Redis in embedded_dir."
+        ),
+    )
+    embedded_dir: str = Field(".run/state", description="Data directory of the embedded Redis.")
+    max_connections: int = Field(256, ge=1, description="Size of the blocking connection pool.")
+
+
+class ReplicaSpec(Strict):
+    url: BaseUrl
+
+
+class PoolSpec(Strict):
+    """Engine replicas that serve the same model; the unit the gateway routes within."""
+
+    tier: Name = Field("default", description="Tier label, e.g. small or large.")
+    served_model: Name = Field(
+        description="The model name the engines serve (vLLM --served-model-name)."
+    )
+    serves: tuple[Endpoint, ...] = (Endpoint.chat, Endpoint.completions)
+    replicas: tuple[ReplicaSpec, ...] = ()
+    engine_state: str | None = Field(
+        None,
+        description=(
+            "Path of the state file `engine up` writes; its replicas labelled with this "
+            "pool's name join the pool, and the file is re-read when it changes."
+        ),
+    )
+
+
+class ModelSpec(Strict):
+    """A model alias clients name in `model`, backed by one pool."""
+
+    pool: Name
+    description: str = ""
+
+
+class Policy(Strict):
+    version: Literal[1] = 1
+    server: ServerSpec = ServerSpec()
+    limits: LimitsSpec = LimitsSpec()
+    timeouts: TimeoutsSpec = TimeoutsSpec()
+    health: HealthSpec = HealthSpec()
+    state: StateSpec = StateSpec()
+    pools: dict[Name, PoolSpec] = Field(min_length=1)
+    models: dict[Name, ModelSpec] = Field(min_length=1)

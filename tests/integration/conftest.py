@@ -1,0 +1,141 @@
+"""Real engines for the integration suite: 2 `cpu-tiny` vLLM replicas and 1 embedding
+replica, started once per session with `engine up`'s own code, and the gateway run as a
+real server process in front of them.
+
+Nothing here is skipped when the engine environment is missing: `make test` builds it,
+and a missing engine is a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from engine.cli import resolve_model
+from engine.profiles import load_profile
+from engine.state import ReplicaRecord
+from engine.supervisor import ROOT, Launch, Paths, down, up
+
+
+@dataclass(frozen=True)
+class Engines:
+    state_file: Path
+    replicas: list[ReplicaRecord]
+
+    def urls(self, pool: str) -> list[str]:
+        return [r.url for r in self.replicas if r.pool == pool]
+
+
+@dataclass(frozen=True)
+class Gateway:
+    base_url: str  # http://127.0.0.1:PORT
+    log: Path
+
+    @property
+    def v1(self) -> str:
+        return f"{self.base_url}/v1"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@pytest.fixture(scope="session")
+def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engines]:
+    run_dir = tmp_path_factory.mktemp("engines")
+    paths = Paths(
+        state=run_dir / "engine-state.json",
+        logs=run_dir / "logs",
+        python=Path(os.environ.get("ENGINE_PYTHON", ROOT / ".venv-engine" / "bin" / "python")),
+    )
+    if not paths.python.exists():
+        pytest.fail(f"no engine environment at {paths.python}: run `make engine-env` (make test does)")
+    chat = load_profile("cpu-tiny")
+    embed = load_profile("cpu-tiny-embed")
+    model = resolve_model(chat, None, paths)
+
+    def say(message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    records = up([Launch(chat, 2, model), Launch(embed, 1, model)], paths=paths, say=say, timeout_s=900)
+    try:
+        yield Engines(paths.state, records)
+    finally:
+        down(paths, say=say)
+
+
+DEAD_URL = "http://127.0.0.1:{port}"
+
+
+@pytest.fixture(scope="session")
+def gateway(engines: Engines, redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    work = tmp_path_factory.mktemp("gateway")
+    dead = DEAD_URL.format(port=_free_port())  # nothing listens there: a replica that is down
+    live_chat = engines.urls("tiny-chat")[0]
+    policy = work / "policy.yaml"
+    policy.write_text(
+        f"""\
+version: 1
+limits: {{max_body_bytes: 262144}}
+health: {{interval_s: 1, retry_after_s: 3}}
+state: {{redis_url: "{redis_url}"}}
+pools:
+  tiny-chat:
+    served_model: tiny
+    engine_state: {engines.state_file}
+  tiny-embed:
+    served_model: tiny-embed
+    serves: [embeddings]
+    engine_state: {engines.state_file}
+  half-down:
+    served_model: tiny
+    replicas: [{{url: "{dead}"}}, {{url: "{live_chat}"}}]
+  all-down:
+    served_model: tiny
+    replicas: [{{url: "{dead}"}}]
+models:
+  tiny: {{pool: tiny-chat}}
+  tiny-embed: {{pool: tiny-embed}}
+  tiny-half-down: {{pool: half-down}}
+  tiny-all-down: {{pool: all-down}}
+"""
+    )
+    port = _free_port()
+    log = work / "gateway.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gateway", "serve", "--policy", str(policy), "--port", str(port)],
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"gateway exited:\n{log.read_text()}")
+            try:
+                with urllib.request.urlopen(f"{base}/healthz", timeout=1):
+                    break
+            except (urllib.error.URLError, OSError):
+                if time.monotonic() > deadline:
+                    pytest.fail(f"gateway did not start:\n{log.read_text()}")
+                time.sleep(0.2)
+        yield Gateway(base, log)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -1,0 +1,223 @@
+"""The official `openai` SDK through the gateway to real vLLM replicas."""
+
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+from openai import OpenAI
+
+from tests.integration.conftest import Gateway
+
+pytestmark = pytest.mark.engine
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather for a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+
+
+@pytest.fixture
+def client(gateway: Gateway) -> OpenAI:
+    return OpenAI(base_url=gateway.v1, api_key="unused", max_retries=0, timeout=120)
+
+
+def test_chat_completion(client: OpenAI) -> None:
+    reply = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "Hello"}], max_tokens=8
+    )
+    assert reply.object == "chat.completion"
+    assert reply.choices[0].message.role == "assistant"
+    assert reply.choices[0].finish_reason in ("stop", "length")
+    assert reply.usage is not None
+    assert reply.usage.completion_tokens > 0
+    assert reply.usage.prompt_tokens > 0
+
+
+def test_streaming_with_usage(client: OpenAI) -> None:
+    stream = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "Count to ten"}],
+        max_tokens=12,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    content_chunks = [c for c in chunks if c.choices and c.choices[0].delta.content]
+    assert len(content_chunks) >= 2, "the answer arrives in pieces, not one block"
+    assert chunks[-1].choices == []
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == 12
+    assert len({c.id for c in chunks}) == 1
+
+
+def test_streaming_without_usage_sends_none(client: OpenAI) -> None:
+    chunks = list(
+        client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=4, stream=True
+        )
+    )
+    assert all(c.usage is None for c in chunks)
+
+
+def test_request_with_tools_and_tool_results(client: OpenAI) -> None:
+    reply = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "Weather in Paris?"}],
+        tools=[WEATHER_TOOL],  # type: ignore[list-item]
+        max_tokens=16,
+    )
+    assert reply.choices[0].message.role == "assistant"
+    # A full tool round trip: the assistant's call and the tool's result go back in.
+    follow_up = client.chat.completions.create(
+        model="tiny",
+        messages=[
+            {"role": "user", "content": "Weather in Paris?"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "call_1",
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": json.dumps({"city": "Paris"})},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": "call_1", "content": '{"temp_c": 18}'},
+        ],
+        tools=[WEATHER_TOOL],  # type: ignore[list-item]
+        tool_choice="none",
+        max_tokens=8,
+    )
+    assert follow_up.choices[0].message.tool_calls in (None, [])
+
+
+def test_forced_tool_choice_returns_a_parsed_tool_call(client: OpenAI) -> None:
+    reply = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "Weather in Paris?"}],
+        tools=[WEATHER_TOOL],  # type: ignore[list-item]
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        max_tokens=40,
+    )
+    calls = reply.choices[0].message.tool_calls
+    assert calls
+    assert calls[0].function.name == "get_weather"  # type: ignore[union-attr]
+    json.loads(calls[0].function.arguments)  # type: ignore[union-attr]
+
+
+def test_response_format_json_schema_is_honoured(client: OpenAI) -> None:
+    reply = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "Classify: I want a refund"}],
+        max_tokens=20,
+        response_format={
+            "type": "json_schema",
+            "json_schema": {
+                "name": "intent",
+                "schema": {
+                    "type": "object",
+                    "properties": {"intent": {"enum": ["refund", "other"]}},
+                    "required": ["intent"],
+                    "additionalProperties": False,
+                },
+            },
+        },
+    )
+    content = reply.choices[0].message.content
+    assert content is not None
+    assert json.loads(content)["intent"] in ("refund", "other")
+
+
+def test_completions_endpoint(client: OpenAI) -> None:
+    reply = client.completions.create(model="tiny", prompt="Once upon a time", max_tokens=5)
+    assert reply.object == "text_completion"
+    assert reply.usage is not None and reply.usage.completion_tokens == 5
+
+
+def test_embeddings_endpoint(client: OpenAI) -> None:
+    reply = client.embeddings.create(model="tiny-embed", input=["first text", "second text"])
+    assert len(reply.data) == 2
+    assert len(reply.data[0].embedding) == 128
+    assert reply.data[1].index == 1
+
+
+def test_list_models(client: OpenAI) -> None:
+    ids = {m.id for m in client.models.list()}
+    assert {"tiny", "tiny-embed"} <= ids
+
+
+def test_unknown_model_is_not_found(client: OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError) as caught:
+        client.chat.completions.create(model="gpt-5", messages=[{"role": "user", "content": "x"}])
+    assert caught.value.status_code == 404
+    assert caught.value.code == "model_not_found"
+
+
+def test_oversize_body_is_rejected(client: OpenAI) -> None:
+    with pytest.raises(openai.APIStatusError) as caught:
+        client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "x" * 300_000}], max_tokens=1
+        )
+    assert caught.value.status_code == 413
+
+
+def test_engine_validation_errors_reach_the_client(client: OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=10**7
+        )
+    assert caught.value.status_code == 400
+
+
+def test_replica_that_is_down_is_routed_around(client: OpenAI, gateway: Gateway) -> None:
+    for _ in range(4):
+        reply = client.chat.completions.create(
+            model="tiny-half-down", messages=[{"role": "user", "content": "x"}], max_tokens=2
+        )
+        assert reply.choices
+
+
+def test_no_replica_up_is_503_with_retry_after(gateway: Gateway) -> None:
+    client = OpenAI(base_url=gateway.v1, api_key="unused", max_retries=0)
+    with pytest.raises(openai.InternalServerError) as caught:
+        client.chat.completions.create(
+            model="tiny-all-down", messages=[{"role": "user", "content": "x"}], max_tokens=2
+        )
+    assert caught.value.status_code == 503
+    assert caught.value.response.headers["retry-after"] == "3"
+
+
+def test_request_id_round_trip(client: OpenAI) -> None:
+    raw = client.chat.completions.with_raw_response.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "x"}],
+        max_tokens=2,
+        extra_headers={"X-Request-Id": "agent-run-7"},
+    )
+    assert raw.headers["x-request-id"] == "agent-run-7"
+    assert raw.parse().id == "chatcmpl-agent-run-7"  # vLLM used the id we sent upstream
+
+
+def test_repeated_system_prompt_is_served_from_the_prefix_cache(client: OpenAI) -> None:
+    system = "You are a careful airline agent. " + " ".join(f"Rule {i}: be precise." for i in range(150))
+    cached = []
+    for _ in range(3):  # two replicas: at least one sees the prompt twice
+        reply = client.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "system", "content": system}, {"role": "user", "content": "Hi"}],
+            max_tokens=2,
+        )
+        assert reply.usage is not None and reply.usage.prompt_tokens_details is not None
+        cached.append(reply.usage.prompt_tokens_details.cached_tokens or 0)
+    assert max(cached) > 0, cached

@@ -1,0 +1,77 @@
+"""The stream relay never holds an event back, and always gives the replica back."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from starlette.responses import StreamingResponse
+
+from gateway.pipeline import Pipeline
+from gateway.policy import Endpoint, parse_policy
+from gateway.replicas import Fleet
+from gateway.selection import default_chooser
+from tests.fakes import Call, FakeUpstream, Scripted
+
+POLICY = parse_policy(
+    "pools: {p: {served_model: m, replicas: [{url: 'http://a.test:1'}]}}\nmodels: {m: {pool: p}}\n"
+)
+BODY = b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": true}'
+
+
+class GatedUpstream(FakeUpstream):
+    """An engine whose next chunk is released by the test, one at a time."""
+
+    def __init__(self) -> None:
+        super().__init__(lambda call: Scripted())
+        self.gate: asyncio.Queue[bytes] = asyncio.Queue()
+
+    async def post(self, url, body, headers, *, connect_timeout_s):  # type: ignore[no-untyped-def]
+        response = await super().post(url, body, headers, connect_timeout_s=connect_timeout_s)
+        gate = self.gate
+
+        async def next_chunk() -> bytes:
+            return await gate.get()
+
+        response.next_chunk = next_chunk  # type: ignore[method-assign]
+        return response
+
+
+async def test_each_event_is_forwarded_before_the_next_one_exists() -> None:
+    upstream = GatedUpstream()
+    fleet = Fleet(POLICY)
+    pipeline = Pipeline(POLICY, fleet, default_chooser(), upstream)
+    response = await pipeline.handle(Endpoint.chat, BODY, "rid")
+    assert isinstance(response, StreamingResponse)
+    events = response.body_iterator.__aiter__()
+
+    await upstream.gate.put(b"data: 1\n\n")
+    assert await asyncio.wait_for(events.__anext__(), 1) == b"data: 1\n\n"
+    await upstream.gate.put(b"data: 2\n\ndata: [DO")
+    assert await asyncio.wait_for(events.__anext__(), 1) == b"data: 2\n\n"
+    await upstream.gate.put(b"NE]\n\n")
+    assert await asyncio.wait_for(events.__anext__(), 1) == b"data: [DONE]\n\n"
+    await upstream.gate.put(b"")
+    with pytest.raises(StopAsyncIteration):
+        await events.__anext__()
+    assert fleet.pools["p"].replicas[0].inflight == 0
+
+
+async def test_client_going_away_aborts_the_engine_request() -> None:
+    upstream = GatedUpstream()
+    fleet = Fleet(POLICY)
+    pipeline = Pipeline(POLICY, fleet, default_chooser(), upstream)
+    response = await pipeline.handle(Endpoint.chat, BODY, "rid")
+    assert isinstance(response, StreamingResponse)
+    events = response.body_iterator
+    await upstream.gate.put(b"data: 1\n\n")
+    assert await events.__anext__() == b"data: 1\n\n"
+    await events.aclose()  # what Starlette does when the client disconnects
+    assert upstream.responses[0].aborted
+    assert fleet.pools["p"].replicas[0].inflight == 0
+
+
+def test_fake_is_scripted_per_call() -> None:
+    fake = FakeUpstream(lambda call: Scripted(status=201 if call.url.endswith("x") else 200))
+    assert asyncio.run(fake.post("http://h/x", b"", {}, connect_timeout_s=1)).status == 201
+    assert isinstance(fake.calls[0], Call)
