@@ -1,12 +1,12 @@
 """`engine` command line.
 
-    engine up [--profile cpu-tiny] [--replicas 2] [--model DIR] [--pool NAME]
-    engine status
-    engine down [--pool NAME]
-    engine build-tiny-model DIR [--seed N]
-    engine args --profile NAME [--json]        # the rendered `vllm serve` arguments
-    engine validate [--profile NAME ...]       # checked by vLLM's own parser
-    engine stack                               # what `make run` runs
+engine up [--profile cpu-tiny] [--replicas 2] [--model DIR] [--pool NAME]
+engine status
+engine down [--pool NAME]
+engine build-tiny-model DIR [--seed N]
+engine args --profile NAME [--json]        # the rendered `vllm serve` arguments
+engine validate [--profile NAME ...]       # checked by vLLM's own parser
+engine stack                               # what `make run` runs
 """
 
 from __future__ import annotations
@@ -36,7 +36,9 @@ def _up(args: argparse.Namespace) -> int:
     paths = Paths.default()
     profile = load_profile(args.profile)
     model = resolve_model(profile, args.model, paths)
-    records = up([Launch(profile, args.replicas, model, args.pool)], paths=paths, timeout_s=args.timeout)
+    records = up(
+        [Launch(profile, args.replicas, model, args.pool)], paths=paths, timeout_s=args.timeout
+    )
     print(f"engine: {len(records)} replica(s) of {profile.name} healthy; state in {paths.state}")
     return 0
 

@@ -101,13 +101,16 @@ class Profile(Strict):
         if self.device == "cpu" and self.kv_cache.gpu_memory_utilization is not None:
             raise ValueError("a cpu profile sizes its KV cache with kv_cache.cpu_space_gib")
         if self.device == "gpu" and self.kv_cache.cpu_space_gib is not None:
-            raise ValueError("a gpu profile sizes its KV cache with kv_cache.gpu_memory_utilization")
+            raise ValueError(
+                "a gpu profile sizes its KV cache with kv_cache.gpu_memory_utilization"
+            )
         if self.runner == "pooling" and (self.speculative or self.tool_calling):
             raise ValueError("pooling (embedding) engines take no speculative or tool settings")
         return self
 
-    def serve_args(self, *, model: str | None = None, host: str | None = None,
-                   port: int | None = None) -> list[str]:
+    def serve_args(
+        self, *, model: str | None = None, host: str | None = None, port: int | None = None
+    ) -> list[str]:
         """Arguments for `vllm serve` / vLLM's api_server module, in a stable order."""
         args = ["--model", model or self.model, "--served-model-name", self.served_model]
         if self.tokenizer:
@@ -127,7 +130,9 @@ class Profile(Strict):
             args += ["--tensor-parallel-size", str(self.tensor_parallel_size)]
         if self.kv_cache.gpu_memory_utilization is not None:
             args += ["--gpu-memory-utilization", str(self.kv_cache.gpu_memory_utilization)]
-        args.append("--enable-prefix-caching" if self.prefix_caching else "--no-enable-prefix-caching")
+        args.append(
+            "--enable-prefix-caching" if self.prefix_caching else "--no-enable-prefix-caching"
+        )
         if self.prompt_tokens_details:
             args.append("--enable-prompt-tokens-details")
         if self.enforce_eager:
@@ -141,7 +146,10 @@ class Profile(Strict):
                 "backend": self.structured_outputs.backend,
                 "disable_any_whitespace": self.structured_outputs.disable_any_whitespace,
             }
-            args += ["--structured-outputs-config", json.dumps(config, sort_keys=True, separators=(",", ":"))]
+            args += [
+                "--structured-outputs-config",
+                json.dumps(config, sort_keys=True, separators=(",", ":")),
+            ]
         if self.otlp_traces_endpoint:
             args += ["--otlp-traces-endpoint", self.otlp_traces_endpoint]
         args += list(self.extra_args)

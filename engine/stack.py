@@ -84,18 +84,19 @@ def run_stack() -> int:
     gateway: subprocess.Popen[bytes] | None = None
     try:
         down(paths, say=lambda m: None)  # leftovers of an earlier run that was killed
-        print(f"engine: starting {', '.join(f'{launch.count} x {launch.profile.name}' for launch in launches)}"
-              " (about 40-90 s on 2 CPU cores)", flush=True)  # fmt: skip
+        what = ", ".join(f"{launch.count} x {launch.profile.name}" for launch in launches)
+        print(f"engine: starting {what} (1-2 minutes on 2 CPU cores)", flush=True)
         up(launches, paths=paths, say=lambda m: print(m, flush=True))
+        state_dir = (paths.run / "state").resolve()
         if not os.environ.get("REDIS_URL"):
-            print("state: no REDIS_URL, the gateway starts an embedded durable Redis in .run/state",
-                  flush=True)  # fmt: skip
-        env = {**os.environ, "ENGINE_STATE": str(paths.state.resolve()),
-               "GATEWAY_STATE_DIR": str((ROOT / ".run" / "state").resolve())}  # fmt: skip
-        gateway = subprocess.Popen(
-            [sys.executable, "-m", "gateway", "serve", "--policy", policy, "--host", host, "--port", port],
-            cwd=ROOT, env=env,
-        )  # fmt: skip
+            print(f"state: no REDIS_URL, the gateway runs an embedded durable Redis in {state_dir}")
+        env = {
+            **os.environ,
+            "ENGINE_STATE": str(paths.state.resolve()),
+            "GATEWAY_STATE_DIR": str(state_dir),
+        }
+        command = ["gateway", "serve", "--policy", policy, "--host", host, "--port", port]
+        gateway = subprocess.Popen([sys.executable, "-m", *command], cwd=ROOT, env=env)
         base = f"http://{host}:{port}"
         _wait_ready(base, gateway)
         print(_examples(base), flush=True)

@@ -7,11 +7,11 @@ when every new replica answers `/health`, printing progress while it waits.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -27,14 +27,19 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @dataclass(frozen=True)
 class Paths:
+    run: Path  # everything a local run writes: state file, logs, the gateway's store
     state: Path
     logs: Path
     python: Path
 
     @classmethod
     def default(cls) -> Paths:
-        run = Path(os.environ.get("ENGINE_RUN_DIR", ROOT / ".run"))
+        return cls.under(Path(os.environ.get("ENGINE_RUN_DIR", ROOT / ".run")))
+
+    @classmethod
+    def under(cls, run: Path) -> Paths:
         return cls(
+            run=run,
             state=Path(os.environ.get("ENGINE_STATE", run / "engine-state.json")),
             logs=run / "engine-logs",
             python=Path(os.environ.get("ENGINE_PYTHON", ROOT / ".venv-engine" / "bin" / "python")),
@@ -188,10 +193,8 @@ def _tail(path: Path, lines: int = 25) -> str:
 def _terminate(pid: int, grace_s: float = 20.0) -> None:
     """SIGTERM the replica's whole process group, SIGKILL what is left after the grace."""
     child = _children.pop(pid, None)
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        pass
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline:
         if child is not None:
@@ -202,10 +205,8 @@ def _terminate(pid: int, grace_s: float = 20.0) -> None:
             break
         time.sleep(0.2)
     else:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
     if child is not None:
         child.wait()
 
@@ -226,7 +227,9 @@ def status(paths: Paths) -> list[tuple[ReplicaRecord, bool, bool]]:
     return [(r, pid_alive(r.pid), is_healthy(r.url)) for r in read_state(paths.state)]
 
 
-def build_tiny_model(out: Path, paths: Paths, *, seed: int = 0, say: Callable[[str], None] = print) -> None:
+def build_tiny_model(
+    out: Path, paths: Paths, *, seed: int = 0, say: Callable[[str], None] = print
+) -> None:
     if not paths.python.exists():
         raise EngineError(f"no engine environment at {paths.python}; run `make engine-env`")
     say(f"engine: building the tiny model into {out} (offline, seed {seed})")

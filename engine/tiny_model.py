@@ -24,7 +24,14 @@ TEMPLATE = Path(__file__).parent / "templates" / "tiny_chat.jinja"
 VOCAB_SIZE = 4096
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # Added as whole tokens, like Hermes and Qwen tokenizers do, so tool markup is cheap.
-MARKUP_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<tools>", "</tools>"]
+MARKUP_TOKENS = [
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_response>",
+    "</tool_response>",
+    "<tools>",
+    "</tools>",
+]
 CORPUS_BYTES = 3_000_000
 
 
@@ -45,7 +52,12 @@ def build(out: Path, seed: int) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import (
+        GenerationConfig,
+        LlamaConfig,
+        LlamaForCausalLM,
+        PreTrainedTokenizerFast,
+    )
 
     out.mkdir(parents=True, exist_ok=True)
 
@@ -95,7 +107,9 @@ def build(out: Path, seed: int) -> None:
         pad_token_id=config.pad_token_id,
     ).save_pretrained(str(out))
     (out / "BUILD.json").write_text(
-        json.dumps({"seed": seed, "python": sys.version.split()[0], "digest": digest(out)}, indent=2)
+        json.dumps(
+            {"seed": seed, "python": sys.version.split()[0], "digest": digest(out)}, indent=2
+        )
         + "\n"
     )
 

@@ -2,7 +2,8 @@
 
 Runs inside the engine environment, fed the arguments as JSON on stdin:
 
-    engine args --profile gpu-llama70b-eagle3 --json | .venv-engine/bin/python -m engine.validate_args
+    engine args --profile gpu-llama70b-eagle3 --json \
+        | .venv-engine/bin/python -m engine.validate_args
 
 vLLM's argument parser and its pre-load checks run exactly as `vllm serve` runs them;
 the speculative config's method and keys are checked against vLLM's SpeculativeConfig.
@@ -46,7 +47,9 @@ def validate(argv: list[str]) -> None:
             raise ValueError(f"--speculative-config: unknown keys {unknown}")
         methods = _literal_values(SpeculativeMethod)
         if spec.get("method") not in methods:
-            raise ValueError(f"--speculative-config: method {spec.get('method')!r} not in {sorted(methods)}")
+            raise ValueError(
+                f"--speculative-config: method {spec.get('method')!r} not in {sorted(methods)}"
+            )
 
 
 def main() -> int:

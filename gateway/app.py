@@ -90,7 +90,9 @@ def _install_error_handlers(app: FastAPI) -> None:
         assert isinstance(exc, StarletteHTTPException)
         error: GatewayError
         if exc.status_code == 405:
-            error = MethodNotAllowed(f"Method {request.method} is not allowed on {request.url.path}.")
+            error = MethodNotAllowed(
+                f"Method {request.method} is not allowed on {request.url.path}."
+            )
         elif exc.status_code == 404:
             error = NotFound(f"Unknown request URL: {request.method} {request.url.path}.")
         else:

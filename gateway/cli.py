@@ -1,8 +1,8 @@
 """`gateway` command line: serve, and check or export the policy schema.
 
-    gateway serve [--policy FILE] [--host H] [--port P]
-    gateway policy check FILE [FILE ...]
-    gateway policy schema [--out FILE]
+gateway serve [--policy FILE] [--host H] [--port P]
+gateway policy check FILE [FILE ...]
+gateway policy schema [--out FILE]
 """
 
 from __future__ import annotations
@@ -47,7 +47,10 @@ def _serve(args: argparse.Namespace) -> int:
     host = args.host or policy.server.host
     port = args.port or policy.server.port
     app = create_app(policy)
-    print(f"gateway: serving {len(policy.models)} model(s) from {path} on http://{host}:{port}/v1", flush=True)
+    print(
+        f"gateway: serving {len(policy.models)} model(s) from {path} on http://{host}:{port}/v1",
+        flush=True,
+    )
     uvicorn.run(
         app,
         host=host,
@@ -87,7 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run the gateway")
-    serve.add_argument("--policy", help=f"policy YAML (default: $GATEWAY_POLICY or {DEFAULT_POLICY})")
+    serve.add_argument(
+        "--policy", help=f"policy YAML (default: $GATEWAY_POLICY or {DEFAULT_POLICY})"
+    )
     serve.add_argument("--host")
     serve.add_argument("--port", type=int)
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -95,7 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--drain-s", type=float, default=20.0, help="graceful shutdown budget")
     serve.set_defaults(run=_serve)
 
-    policy = sub.add_parser("policy", help="policy tools").add_subparsers(dest="action", required=True)
+    policy = sub.add_parser("policy", help="policy tools").add_subparsers(
+        dest="action", required=True
+    )
     check = policy.add_parser("check", help="validate policy files without serving")
     check.add_argument("files", nargs="+")
     check.set_defaults(run=_check)

@@ -113,9 +113,7 @@ class UpstreamRejected(GatewayError):
         self.status = status  # type: ignore[misc]
 
 
-def error_response(
-    error: GatewayError, *, request_id: str | None = None
-) -> Response:
+def error_response(error: GatewayError, *, request_id: str | None = None) -> Response:
     headers = dict(error.headers)
     if request_id:
         headers["X-Request-Id"] = request_id
@@ -141,7 +139,8 @@ def upstream_error_from_body(status: int, raw: bytes) -> GatewayError:
     except orjson.JSONDecodeError:
         parsed = None
     if isinstance(parsed, dict):
-        inner = parsed.get("error") if isinstance(parsed.get("error"), dict) else parsed
+        nested = parsed.get("error")
+        inner: dict[str, Any] = nested if isinstance(nested, dict) else parsed
         if isinstance(inner.get("message"), str):
             message = inner["message"]
         if isinstance(inner.get("param"), str):

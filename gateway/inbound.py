@@ -33,7 +33,9 @@ class InboundRequest:
 
 def parse_request(endpoint: Endpoint, raw: bytes) -> InboundRequest:
     if not raw.strip():
-        raise InvalidRequest("The request body is empty; expected a JSON object.", code="invalid_json")
+        raise InvalidRequest(
+            "The request body is empty; expected a JSON object.", code="invalid_json"
+        )
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -46,7 +48,9 @@ def parse_request(endpoint: Endpoint, raw: bytes) -> InboundRequest:
     model = body.get("model")
     _require(body, "model")
     if not isinstance(model, str) or not model:
-        raise InvalidRequest("`model` must be a non-empty string.", param="model", code="invalid_type")
+        raise InvalidRequest(
+            "`model` must be a non-empty string.", param="model", code="invalid_type"
+        )
 
     stream = body.get("stream", False)
     if stream is None:
@@ -69,7 +73,9 @@ def parse_request(endpoint: Endpoint, raw: bytes) -> InboundRequest:
 
 def _require(body: dict[str, Any], name: str) -> None:
     if name not in body or body[name] is None:
-        raise InvalidRequest(f"Missing required parameter: '{name}'.", param=name, code="missing_required_parameter")
+        raise InvalidRequest(
+            f"Missing required parameter: '{name}'.", param=name, code="missing_required_parameter"
+        )
 
 
 def _check_messages(body: dict[str, Any]) -> None:
@@ -78,10 +84,14 @@ def _check_messages(body: dict[str, Any]) -> None:
     if not isinstance(messages, list):
         raise InvalidRequest("`messages` must be an array.", param="messages", code="invalid_type")
     if not messages:
-        raise InvalidRequest("`messages` must contain at least one message.", param="messages", code="empty_array")
+        raise InvalidRequest(
+            "`messages` must contain at least one message.", param="messages", code="empty_array"
+        )
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
-            raise InvalidRequest(f"`messages[{i}]` must be an object.", param=f"messages[{i}]", code="invalid_type")
+            raise InvalidRequest(
+                f"`messages[{i}]` must be an object.", param=f"messages[{i}]", code="invalid_type"
+            )
         role = message.get("role")
         if role is None:
             raise InvalidRequest(
@@ -125,7 +135,9 @@ def _check_stream_options(body: dict[str, Any], stream: bool) -> None:
     if options is None:
         return
     if not isinstance(options, dict):
-        raise InvalidRequest("`stream_options` must be an object.", param="stream_options", code="invalid_type")
+        raise InvalidRequest(
+            "`stream_options` must be an object.", param="stream_options", code="invalid_type"
+        )
     if not stream:
         raise InvalidRequest(
             "The 'stream_options' parameter is only allowed when 'stream' is enabled.",

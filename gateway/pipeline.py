@@ -75,7 +75,9 @@ class Pipeline:
             headers["Accept"] = "text/event-stream"
         path = _UPSTREAM_PATHS[request.endpoint]
         tried: set[Replica] = set()
-        while (replica := self._chooser.choose(pool.replicas, exclude=frozenset(tried))) is not None:
+        while (
+            replica := self._chooser.choose(pool.replicas, exclude=frozenset(tried))
+        ) is not None:
             tried.add(replica)
             replica.inflight += 1
             try:
@@ -118,7 +120,9 @@ class Pipeline:
                 payload = await response.read()
         except TimeoutError:
             response.abort()
-            raise UpstreamTimeout("The engine did not finish within the request deadline.") from None
+            raise UpstreamTimeout(
+                "The engine did not finish within the request deadline."
+            ) from None
         finally:
             replica.inflight -= 1
         return Response(

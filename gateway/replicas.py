@@ -133,8 +133,9 @@ class Fleet:
         pool = self.models.get(alias)
         if pool is None or not pool.serves(endpoint):
             detail = "does not exist" if pool is None else f"does not serve /v1/{_path(endpoint)}"
+            available = ", ".join(sorted(self.models))
             raise ModelNotFound(
-                f"The model `{alias}` {detail}. Available models: {', '.join(sorted(self.models))}.",
+                f"The model `{alias}` {detail}. Available models: {available}.",
                 param="model",
             )
         return pool

@@ -18,10 +18,14 @@ class SSEFramer:
         self._buf = bytearray()
 
     def feed(self, chunk: bytes) -> list[bytes]:
-        if not self._buf and chunk.endswith(b"\n\n") and b"\r" not in chunk:
-            # Fast path, the common case with vLLM: the chunk is one or more whole events.
-            if chunk.count(b"\n\n") == 1:
-                return [chunk]
+        if (
+            not self._buf
+            and chunk.endswith(b"\n\n")
+            and b"\r" not in chunk
+            and chunk.count(b"\n\n") == 1
+        ):
+            # Fast path, the common case with vLLM: the chunk is exactly one whole event.
+            return [chunk]
         self._buf += chunk
         events: list[bytes] = []
         start = 0

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
-import subprocess
 from pathlib import Path
 
 import redis.asyncio as aioredis
@@ -42,7 +41,7 @@ class EmbeddedRedis:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self.socket = directory / "redis.sock"
-        self._process: subprocess.Popen[bytes] | None = None
+        self._process: asyncio.subprocess.Process | None = None
 
     async def start(self) -> None:
         binary = redis_server_binary()
@@ -57,14 +56,18 @@ class EmbeddedRedis:
             "--dir", str(self.directory), "--appendonly", "yes", "--appendfsync", "everysec",
             "--save", "", "--daemonize", "no", "--logfile", str(self.directory / "redis.log"),
         ]  # fmt: skip
-        self._process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        self._process = await asyncio.create_subprocess_exec(
+            *args, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL
+        )
         for _ in range(200):
             if self.socket.exists():
                 return
-            if self._process.poll() is not None:
+            if self._process.returncode is not None:
                 break
             await asyncio.sleep(0.025)
-        raise RuntimeError(f"embedded redis-server did not start; see {self.directory / 'redis.log'}")
+        raise RuntimeError(
+            f"embedded redis-server did not start; see {self.directory / 'redis.log'}"
+        )
 
     def client(self, max_connections: int) -> aioredis.Redis:
         pool = BlockingConnectionPool(
@@ -75,14 +78,17 @@ class EmbeddedRedis:
         )
         return aioredis.Redis(connection_pool=pool)
 
-    def stop(self) -> None:
-        if self._process is not None and self._process.poll() is None:
-            self._process.terminate()
-            try:
-                self._process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
+    async def stop(self) -> None:
+        """SIGTERM makes redis-server flush its append-only file before it exits."""
+        if self._process is None or self._process.returncode is not None:
+            return
+        self._process.terminate()
+        try:
+            async with asyncio.timeout(10):
+                await self._process.wait()
+        except TimeoutError:
+            self._process.kill()
+            await self._process.wait()
 
 
 class StateStore:
@@ -120,6 +126,6 @@ class StateStore:
 
     async def close(self) -> None:
         if self.redis is not None:
-            await self.redis.aclose()
+            await self.redis.aclose(close_connection_pool=True)
         if self._embedded is not None:
-            self._embedded.stop()
+            await self._embedded.stop()

@@ -11,7 +11,6 @@ Every aiohttp exception is turned into the gateway's own here, at the boundary:
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Mapping
 from typing import Protocol
 
@@ -83,7 +82,10 @@ class AiohttpUpstream:
     @classmethod
     def create(cls, *, max_connections: int = 1024) -> AiohttpUpstream:
         connector = aiohttp.TCPConnector(
-            limit=max_connections, limit_per_host=0, keepalive_timeout=30, enable_cleanup_closed=True
+            limit=max_connections,
+            limit_per_host=0,
+            keepalive_timeout=30,
+            enable_cleanup_closed=True,
         )
         # Timeouts are per request (see pipeline); the session imposes none of its own.
         session = aiohttp.ClientSession(
@@ -107,7 +109,7 @@ class AiohttpUpstream:
             raise UpstreamTimeout("the engine did not answer in time") from exc
         except aiohttp.ClientError as exc:
             raise UpstreamError(f"engine request failed: {exc}") from exc
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise
         return _AiohttpResponse(resp)
 

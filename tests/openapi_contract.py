@@ -32,14 +32,18 @@ def _nullable(node: Any) -> Any:
 
 
 @functools.cache
-def _registry() -> Registry:
+def _registry() -> Registry[Any]:
     spec = _nullable(yaml.load(SPEC.read_text(encoding="utf-8"), Loader=yaml.CSafeLoader))
-    return Registry().with_resource(_URI, Resource.from_contents(spec, default_specification=DRAFT202012))
+    resource: Resource[Any] = Resource.from_contents(spec, default_specification=DRAFT202012)
+    registry: Registry[Any] = Registry().with_resource(_URI, resource)
+    return registry
 
 
 @functools.cache
 def validator(schema_name: str) -> Draft202012Validator:
-    return Draft202012Validator({"$ref": f"{_URI}#/components/schemas/{schema_name}"}, registry=_registry())
+    return Draft202012Validator(
+        {"$ref": f"{_URI}#/components/schemas/{schema_name}"}, registry=_registry()
+    )
 
 
 def violations(schema_name: str, instance: Any) -> list[str]:

@@ -8,7 +8,9 @@ from gateway.errors import InvalidRequest, PayloadTooLarge
 
 
 def _too_large(limit: int) -> PayloadTooLarge:
-    return PayloadTooLarge(f"The request body is larger than this gateway's limit of {limit} bytes.")
+    return PayloadTooLarge(
+        f"The request body is larger than this gateway's limit of {limit} bytes."
+    )
 
 
 async def read_body(request: Request, limit: int) -> bytes:

@@ -46,7 +46,9 @@ def load_policy(path: str | Path) -> Policy:
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
-        raise PolicyError(source, [PolicyProblem("", f"cannot read the file: {exc.strerror}")]) from exc
+        raise PolicyError(
+            source, [PolicyProblem("", f"cannot read the file: {exc.strerror}")]
+        ) from exc
     return parse_policy(text, source=source, base_dir=Path(path).resolve().parent)
 
 
@@ -66,7 +68,9 @@ def parse_policy(text: str, *, source: str = "<policy>", base_dir: Path | None =
         expanded = _expand_env(data, ())
     except _EnvMissing as exc:
         path = _dotted(exc.path)
-        problem = PolicyProblem(path, f"environment variable {exc.name} is not set", lines.of(exc.path))
+        problem = PolicyProblem(
+            path, f"environment variable {exc.name} is not set", lines.of(exc.path)
+        )
         raise PolicyError(source, [problem]) from None
 
     try:
@@ -100,6 +104,7 @@ def _explain(err: Any) -> str:
 def _reference_problems(policy: Policy, lines: _LineIndex) -> list[PolicyProblem]:
     problems: list[PolicyProblem] = []
     defined = sorted(policy.pools)
+    loc: tuple[str, ...]
     for alias, model in policy.models.items():
         if model.pool not in policy.pools:
             loc = ("models", alias, "pool")
@@ -132,7 +137,9 @@ def _reference_problems(policy: Policy, lines: _LineIndex) -> list[PolicyProblem
 def _resolve_paths(policy: Policy, base_dir: Path) -> Policy:
     """Relative `engine_state` paths are relative to the policy file, not the cwd."""
     pools = {
-        name: pool.model_copy(update={"engine_state": str((base_dir / pool.engine_state).resolve())})
+        name: pool.model_copy(
+            update={"engine_state": str((base_dir / pool.engine_state).resolve())}
+        )
         if pool.engine_state and not Path(pool.engine_state).is_absolute()
         else pool
         for name, pool in policy.pools.items()
@@ -148,6 +155,7 @@ class _EnvMissing(Exception):
 
 def _expand_env(value: Any, path: tuple[str | int, ...]) -> Any:
     if isinstance(value, str):
+
         def substitute(match: re.Match[str]) -> str:
             name, default = match.group(1), match.group(2)
             found = os.environ.get(name)

@@ -6,7 +6,7 @@ objects (pools with live replica state) from them once, at start-up.
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
@@ -17,7 +17,7 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class Endpoint(str, Enum):
+class Endpoint(StrEnum):
     """The OpenAI endpoints a pool's engines serve."""
 
     chat = "chat"
@@ -44,9 +44,7 @@ class ServerSpec(Strict):
 
 
 class LimitsSpec(Strict):
-    max_body_bytes: int = Field(
-        8 * 1024 * 1024, gt=0, description="Larger request bodies get 413."
-    )
+    max_body_bytes: int = Field(8 * 1024 * 1024, gt=0, description="Larger request bodies get 413.")
 
 
 class TimeoutsSpec(Strict):

@@ -57,12 +57,15 @@ def _free_port() -> int:
 def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engines]:
     run_dir = tmp_path_factory.mktemp("engines")
     paths = Paths(
+        run=run_dir,
         state=run_dir / "engine-state.json",
         logs=run_dir / "logs",
         python=Path(os.environ.get("ENGINE_PYTHON", ROOT / ".venv-engine" / "bin" / "python")),
     )
     if not paths.python.exists():
-        pytest.fail(f"no engine environment at {paths.python}: run `make engine-env` (make test does)")
+        pytest.fail(
+            f"no engine environment at {paths.python}: run `make engine-env` (make test does)"
+        )
     chat = load_profile("cpu-tiny")
     embed = load_profile("cpu-tiny-embed")
     model = resolve_model(chat, None, paths)
@@ -70,7 +73,9 @@ def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engines]:
     def say(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
-    records = up([Launch(chat, 2, model), Launch(embed, 1, model)], paths=paths, say=say, timeout_s=900)
+    records = up(
+        [Launch(chat, 2, model), Launch(embed, 1, model)], paths=paths, say=say, timeout_s=900
+    )
     try:
         yield Engines(paths.state, records)
     finally:
@@ -81,7 +86,9 @@ DEAD_URL = "http://127.0.0.1:{port}"
 
 
 @pytest.fixture(scope="session")
-def gateway(engines: Engines, redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+def gateway(
+    engines: Engines, redis_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Gateway]:
     work = tmp_path_factory.mktemp("gateway")
     dead = DEAD_URL.format(port=_free_port())  # nothing listens there: a replica that is down
     live_chat = engines.urls("tiny-chat")[0]
@@ -117,7 +124,16 @@ models:
     log = work / "gateway.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway", "serve", "--policy", str(policy), "--port", str(port)],
+            [
+                sys.executable,
+                "-m",
+                "gateway",
+                "serve",
+                "--policy",
+                str(policy),
+                "--port",
+                str(port),
+            ],
             cwd=ROOT,
             stdout=out,
             stderr=subprocess.STDOUT,

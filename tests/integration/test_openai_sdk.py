@@ -7,12 +7,13 @@ import json
 import openai
 import pytest
 from openai import OpenAI
+from openai.types.chat import ChatCompletionFunctionToolParam, ChatCompletionMessageParam
 
 from tests.integration.conftest import Gateway
 
 pytestmark = pytest.mark.engine
 
-WEATHER_TOOL = {
+WEATHER_TOOL: ChatCompletionFunctionToolParam = {
     "type": "function",
     "function": {
         "name": "get_weather",
@@ -73,29 +74,33 @@ def test_request_with_tools_and_tool_results(client: OpenAI) -> None:
     reply = client.chat.completions.create(
         model="tiny",
         messages=[{"role": "user", "content": "Weather in Paris?"}],
-        tools=[WEATHER_TOOL],  # type: ignore[list-item]
+        tools=[WEATHER_TOOL],
         max_tokens=16,
     )
     assert reply.choices[0].message.role == "assistant"
     # A full tool round trip: the assistant's call and the tool's result go back in.
+    history: list[ChatCompletionMessageParam] = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {
+                        "name": "get_weather",
+                        "arguments": json.dumps({"city": "Paris"}),
+                    },
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": '{"temp_c": 18}'},
+    ]
     follow_up = client.chat.completions.create(
         model="tiny",
-        messages=[
-            {"role": "user", "content": "Weather in Paris?"},
-            {
-                "role": "assistant",
-                "content": None,
-                "tool_calls": [
-                    {
-                        "id": "call_1",
-                        "type": "function",
-                        "function": {"name": "get_weather", "arguments": json.dumps({"city": "Paris"})},
-                    }
-                ],
-            },
-            {"role": "tool", "tool_call_id": "call_1", "content": '{"temp_c": 18}'},
-        ],
-        tools=[WEATHER_TOOL],  # type: ignore[list-item]
+        messages=history,
+        tools=[WEATHER_TOOL],
         tool_choice="none",
         max_tokens=8,
     )
@@ -106,14 +111,16 @@ def test_forced_tool_choice_returns_a_parsed_tool_call(client: OpenAI) -> None:
     reply = client.chat.completions.create(
         model="tiny",
         messages=[{"role": "user", "content": "Weather in Paris?"}],
-        tools=[WEATHER_TOOL],  # type: ignore[list-item]
+        tools=[WEATHER_TOOL],
         tool_choice={"type": "function", "function": {"name": "get_weather"}},
         max_tokens=40,
     )
     calls = reply.choices[0].message.tool_calls
     assert calls
-    assert calls[0].function.name == "get_weather"  # type: ignore[union-attr]
-    json.loads(calls[0].function.arguments)  # type: ignore[union-attr]
+    call = calls[0]
+    assert call.type == "function"
+    assert call.function.name == "get_weather"
+    json.loads(call.function.arguments)
 
 
 def test_response_format_json_schema_is_honoured(client: OpenAI) -> None:
@@ -210,7 +217,9 @@ def test_request_id_round_trip(client: OpenAI) -> None:
 
 
 def test_repeated_system_prompt_is_served_from_the_prefix_cache(client: OpenAI) -> None:
-    system = "You are a careful airline agent. " + " ".join(f"Rule {i}: be precise." for i in range(150))
+    system = "You are a careful airline agent. " + " ".join(
+        f"Rule {i}: be precise." for i in range(150)
+    )
     cached = []
     for _ in range(3):  # two replicas: at least one sees the prompt twice
         reply = client.chat.completions.create(

@@ -140,7 +140,11 @@ def test_oversize_body_is_413_by_content_length_and_by_stream(make_client: Clien
 
 def test_refused_replica_is_skipped_and_marked_down(make_client: Client) -> None:
     def script(call: Call) -> Scripted:
-        return Scripted(connect_refused=True) if call.url.startswith("http://a.test") else Scripted(body=COMPLETION)
+        return (
+            Scripted(connect_refused=True)
+            if call.url.startswith("http://a.test")
+            else Scripted(body=COMPLETION)
+        )
 
     client, fake = make_client(script)
     for _ in range(4):
@@ -188,7 +192,11 @@ def test_engine_that_does_not_answer_in_time_is_504(make_client: Client) -> None
 def test_stream_is_relayed_event_by_event(make_client: Client) -> None:
     events = [b'data: {"n":1}\n\n', b'data: {"n":2}\n\n', b"data: [DONE]\n\n"]
     raw = b"".join(events)
-    client, fake = make_client(lambda call: Scripted(chunks=[raw[:5], raw[5:20], raw[20:]], content_type="text/event-stream"))
+    client, fake = make_client(
+        lambda call: Scripted(
+            chunks=[raw[:5], raw[5:20], raw[20:]], content_type="text/event-stream"
+        )
+    )
     with client.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True}) as response:
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")

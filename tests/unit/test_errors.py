@@ -48,7 +48,16 @@ def test_no_healthy_replica_carries_retry_after() -> None:
 
 
 def test_engine_400_keeps_status_and_message() -> None:
-    raw = orjson.dumps({"error": {"message": "max_tokens too large", "type": "BadRequestError", "param": "max_tokens", "code": 400}})
+    raw = orjson.dumps(
+        {
+            "error": {
+                "message": "max_tokens too large",
+                "type": "BadRequestError",
+                "param": "max_tokens",
+                "code": 400,
+            }
+        }
+    )
     error = upstream_error_from_body(400, raw)
     assert isinstance(error, UpstreamRejected)
     assert error.status == 400
@@ -57,7 +66,9 @@ def test_engine_400_keeps_status_and_message() -> None:
 
 
 def test_engine_flat_error_shape_is_understood() -> None:
-    raw = orjson.dumps({"object": "error", "message": "bad", "type": "BadRequestError", "code": 400})
+    raw = orjson.dumps(
+        {"object": "error", "message": "bad", "type": "BadRequestError", "code": 400}
+    )
     assert upstream_error_from_body(422, raw).message == "bad"
 
 

@@ -19,7 +19,9 @@ def bad(endpoint: Endpoint, raw: bytes) -> InvalidRequest:
 
 
 def test_valid_chat_request_is_parsed_and_raw_bytes_kept() -> None:
-    raw = orjson.dumps({**CHAT, "stream": True, "stream_options": {"include_usage": True}, "x_custom": 1})
+    raw = orjson.dumps(
+        {**CHAT, "stream": True, "stream_options": {"include_usage": True}, "x_custom": 1}
+    )
     request = parse_request(Endpoint.chat, raw)
     assert request.model == "tiny"
     assert request.stream is True
@@ -27,7 +29,9 @@ def test_valid_chat_request_is_parsed_and_raw_bytes_kept() -> None:
 
 
 def test_model_rewrite_keeps_every_other_field() -> None:
-    raw = orjson.dumps({**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}], "seed": 3})
+    raw = orjson.dumps(
+        {**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}], "seed": 3}
+    )
     sent = orjson.loads(parse_request(Endpoint.chat, raw).body_for("served-name"))
     assert sent["model"] == "served-name"
     assert sent["seed"] == 3
@@ -45,11 +49,27 @@ def test_model_rewrite_keeps_every_other_field() -> None:
         (b'{"model": "m"}', "messages", "missing_required_parameter"),
         (b'{"model": "m", "messages": "hi"}', "messages", "invalid_type"),
         (b'{"model": "m", "messages": []}', "messages", "empty_array"),
-        (b'{"model": "m", "messages": [{"content": "x"}]}', "messages[0].role", "missing_required_parameter"),
+        (
+            b'{"model": "m", "messages": [{"content": "x"}]}',
+            "messages[0].role",
+            "missing_required_parameter",
+        ),
         (b'{"model": "m", "messages": [{"role": "wizard"}]}', "messages[0].role", "invalid_value"),
-        (b'{"model": "m", "messages": [{"role": "user"}], "stream": "yes"}', "stream", "invalid_type"),
-        (b'{"model": "m", "messages": [{"role": "user"}], "tools": [{"type": "function"}]}', "tools[0].function", "missing_required_parameter"),
-        (b'{"model": "m", "messages": [{"role": "user"}], "stream_options": {"include_usage": true}}', "stream_options", "invalid_value"),
+        (
+            b'{"model": "m", "messages": [{"role": "user"}], "stream": "yes"}',
+            "stream",
+            "invalid_type",
+        ),
+        (
+            b'{"model": "m", "messages": [{"role": "user"}], "tools": [{"type": "function"}]}',
+            "tools[0].function",
+            "missing_required_parameter",
+        ),
+        (
+            b'{"model": "m", "messages": [{"role": "user"}], "stream_options": {"include_usage": true}}',
+            "stream_options",
+            "invalid_value",
+        ),
     ],
 )
 def test_chat_rejections_name_the_field(raw: bytes, param: str | None, code: str) -> None:
@@ -65,4 +85,6 @@ def test_completions_need_prompt() -> None:
 
 def test_embeddings_need_input_and_cannot_stream() -> None:
     assert bad(Endpoint.embeddings, b'{"model": "m"}').param == "input"
-    assert bad(Endpoint.embeddings, b'{"model": "m", "input": "x", "stream": true}').param == "stream"
+    assert (
+        bad(Endpoint.embeddings, b'{"model": "m", "input": "x", "stream": true}').param == "stream"
+    )

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncGenerator
+from typing import cast
 
 import pytest
 from starlette.responses import StreamingResponse
@@ -43,7 +45,7 @@ async def test_each_event_is_forwarded_before_the_next_one_exists() -> None:
     pipeline = Pipeline(POLICY, fleet, default_chooser(), upstream)
     response = await pipeline.handle(Endpoint.chat, BODY, "rid")
     assert isinstance(response, StreamingResponse)
-    events = response.body_iterator.__aiter__()
+    events = cast(AsyncGenerator[bytes, None], response.body_iterator)
 
     await upstream.gate.put(b"data: 1\n\n")
     assert await asyncio.wait_for(events.__anext__(), 1) == b"data: 1\n\n"
@@ -63,7 +65,7 @@ async def test_client_going_away_aborts_the_engine_request() -> None:
     pipeline = Pipeline(POLICY, fleet, default_chooser(), upstream)
     response = await pipeline.handle(Endpoint.chat, BODY, "rid")
     assert isinstance(response, StreamingResponse)
-    events = response.body_iterator
+    events = cast(AsyncGenerator[bytes, None], response.body_iterator)
     await upstream.gate.put(b"data: 1\n\n")
     assert await events.__anext__() == b"data: 1\n\n"
     await events.aclose()  # what Starlette does when the client disconnects

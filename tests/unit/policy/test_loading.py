@@ -49,7 +49,9 @@ def test_shipped_default_policy_is_valid() -> None:
 
 
 def test_unknown_key_is_rejected_with_path_and_line(tmp_path: Path) -> None:
-    message = reject(VALID.replace("    tier: small\n", "    tier: small\n    replicaz: 3\n"), tmp_path)
+    message = reject(
+        VALID.replace("    tier: small\n", "    tier: small\n    replicaz: 3\n"), tmp_path
+    )
     assert "pools.chat.replicaz" in message
     assert "unknown key" in message
     assert "policy.yaml:5:" in message
@@ -87,7 +89,9 @@ def test_bad_replica_url_is_rejected(tmp_path: Path) -> None:
 
 
 def test_unknown_endpoint_is_rejected(tmp_path: Path) -> None:
-    message = reject(VALID.replace("    tier: small\n", "    tier: small\n    serves: [chat, audio]\n"), tmp_path)
+    message = reject(
+        VALID.replace("    tier: small\n", "    tier: small\n    serves: [chat, audio]\n"), tmp_path
+    )
     assert "pools.chat.serves[1]" in message
     assert "'chat', 'completions' or 'embeddings'" in message
 
@@ -120,7 +124,10 @@ def test_top_level_must_be_a_mapping(tmp_path: Path) -> None:
 
 
 def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:
-    text = VALID.replace("    tier: small\n", "    tier: small\n    bogus: 1\n") + "limits:\n  max_body_bytes: x\n"
+    text = (
+        VALID.replace("    tier: small\n", "    tier: small\n    bogus: 1\n")
+        + "limits:\n  max_body_bytes: x\n"
+    )
     message = reject(text, tmp_path)
     assert "pools.chat.bogus" in message
     assert "limits.max_body_bytes" in message
@@ -128,7 +135,10 @@ def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:
 
 def test_environment_variables_are_expanded(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TEST_ENGINE_URL", "http://10.0.0.5:9000")
-    text = VALID.replace("http://127.0.0.1:8001", "${TEST_ENGINE_URL}") + "state:\n  redis_url: ${NO_SUCH_VAR_X:-redis://h:1}\n"
+    text = (
+        VALID.replace("http://127.0.0.1:8001", "${TEST_ENGINE_URL}")
+        + "state:\n  redis_url: ${NO_SUCH_VAR_X:-redis://h:1}\n"
+    )
     policy = parse_policy(text)
     assert policy.pools["chat"].replicas[0].url == "http://10.0.0.5:9000"
     assert policy.state.redis_url == "redis://h:1"
@@ -141,7 +151,9 @@ def test_missing_environment_variable_is_rejected(tmp_path: Path) -> None:
 
 def test_relative_engine_state_is_relative_to_the_policy_file(tmp_path: Path) -> None:
     path = tmp_path / "p.yaml"
-    path.write_text(VALID.replace("    tier: small\n", "    tier: small\n    engine_state: run/state.json\n"))
+    path.write_text(
+        VALID.replace("    tier: small\n", "    tier: small\n    engine_state: run/state.json\n")
+    )
     policy = load_policy(path)
     assert policy.pools["chat"].engine_state == str(tmp_path / "run" / "state.json")
 
@@ -151,7 +163,9 @@ def test_unreadable_file_is_reported(tmp_path: Path) -> None:
         load_policy(tmp_path / "missing.yaml")
 
 
-def test_policy_check_command_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_policy_check_command_exit_codes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     good = tmp_path / "good.yaml"
     good.write_text(VALID)
     bad = tmp_path / "bad.yaml"
