@@ -1,5 +1,8 @@
 # The two commands that matter: `make run` and `make test`. Each does its own set-up.
 SHELL := /bin/bash
+.SHELLFLAGS := -eo pipefail -c
+# pip on this machine kind warns about every missing local index entry; keep logs readable.
+QUIET_PIP := { grep -v "is ignored: it is neither a file nor a directory" || true; }
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
@@ -15,8 +18,8 @@ help:
 $(STAMP): pyproject.toml
 	@echo "setup: gateway environment $(VENV)"
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	@$(BIN)/pip install --quiet --upgrade pip
-	@$(BIN)/pip install --quiet --progress-bar off -e '.[dev]'
+	@$(BIN)/pip install --quiet --upgrade pip 2>&1 | $(QUIET_PIP)
+	@$(BIN)/pip install --quiet --progress-bar off -e '.[dev]' 2>&1 | $(QUIET_PIP)
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 

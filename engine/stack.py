@@ -2,13 +2,15 @@
 
 Environment knobs (all optional):
     ENGINE_PROFILE (cpu-tiny)  ENGINE_REPLICAS (2)  ENGINE_MODEL (the profile's model)
-    ENGINE_EMBED_PROFILE (cpu-tiny-embed; empty for none)
-    GATEWAY_POLICY (policies/default.yaml)  GATEWAY_HOST (127.0.0.1)  GATEWAY_PORT (8080)
+    ENGINE_EMBED_PROFILE (cpu-tiny-embed for cpu profiles, none for gpu; empty for none)
+    GATEWAY_POLICY (policies/default.yaml; policies/gpu.yaml for gpu profiles)
+    GATEWAY_HOST (127.0.0.1)  GATEWAY_PORT (8080)
     REDIS_URL (unset: the gateway runs an embedded, durable Redis under .run/state)
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -23,17 +25,26 @@ from engine.profiles import load_profile
 from engine.supervisor import ROOT, EngineError, Launch, Paths, down, up
 
 
-def _wait_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:
+def _wait_ready(
+    url: str, proc: subprocess.Popen[bytes], pools: set[str], timeout_s: float = 60.0
+) -> None:
+    """Until every model served by the pools we started has a healthy replica. (/readyz is
+    503 while any model is down; a GPU policy may list models this run does not start.)"""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise EngineError(f"the gateway exited with code {proc.returncode}")
         try:
             with urllib.request.urlopen(f"{url}/readyz", timeout=1) as resp:
-                if resp.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
+                report = json.load(resp)
+        except urllib.error.HTTPError as exc:
+            report = json.load(exc)
+        except (urllib.error.URLError, OSError, ValueError):
+            report = None
+        if report is not None:
+            ours = [m for m in report["models"].values() if m["pool"] in pools]
+            if ours and all(m["healthy_replicas"] > 0 for m in ours):
+                return
         time.sleep(0.3)
     raise EngineError(f"the gateway at {url} was not ready after {timeout_s:.0f}s")
 
@@ -62,13 +73,14 @@ def run_stack() -> int:
     paths = Paths.default()
     host = os.environ.get("GATEWAY_HOST", "127.0.0.1")
     port = os.environ.get("GATEWAY_PORT", "8080")
-    policy = os.environ.get("GATEWAY_POLICY", str(ROOT / "policies" / "default.yaml"))
-    launches = []
     chat = load_profile(os.environ.get("ENGINE_PROFILE", "cpu-tiny"))
+    on_gpu = chat.device == "gpu"
+    default_policy = ROOT / "policies" / ("gpu.yaml" if on_gpu else "default.yaml")
+    policy = os.environ.get("GATEWAY_POLICY", str(default_policy))
     model_override = os.environ.get("ENGINE_MODEL") or None
-    launches.append(Launch(chat, int(os.environ.get("ENGINE_REPLICAS", "2")),
-                           resolve_model(chat, model_override, paths)))  # fmt: skip
-    embed_name = os.environ.get("ENGINE_EMBED_PROFILE", "cpu-tiny-embed")
+    replicas = int(os.environ.get("ENGINE_REPLICAS", "1" if on_gpu else "2"))
+    launches = [Launch(chat, replicas, resolve_model(chat, model_override, paths))]
+    embed_name = os.environ.get("ENGINE_EMBED_PROFILE", "" if on_gpu else "cpu-tiny-embed")
     if embed_name:
         embed = load_profile(embed_name)
         launches.append(Launch(embed, 1, resolve_model(embed, model_override, paths)))
@@ -98,7 +110,7 @@ def run_stack() -> int:
         command = ["gateway", "serve", "--policy", policy, "--host", host, "--port", port]
         gateway = subprocess.Popen([sys.executable, "-m", *command], cwd=ROOT, env=env)
         base = f"http://{host}:{port}"
-        _wait_ready(base, gateway)
+        _wait_ready(base, gateway, {launch.pool or launch.profile.pool for launch in launches})
         print(_examples(base), flush=True)
         gateway.wait()
         return 0 if stopping else (gateway.returncode or 0)

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from gateway.policy.schema import Endpoint, Policy
+from gateway.policy.schema import Policy
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
@@ -73,18 +73,17 @@ def parse_policy(text: str, *, source: str = "<policy>", base_dir: Path | None =
         )
         raise PolicyError(source, [problem]) from None
 
+    # Cross-references are checked on the raw data too, so one run reports every problem.
+    problems = _reference_problems(expanded, lines)
     try:
         policy = Policy.model_validate(expanded)
     except ValidationError as exc:
-        problems = [
+        problems += [
             PolicyProblem(_dotted(err["loc"]), _explain(err), lines.of(err["loc"]))
             for err in exc.errors()
         ]
-        raise PolicyError(source, problems) from None
-
-    problems = list(_reference_problems(policy, lines))
     if problems:
-        raise PolicyError(source, problems)
+        raise PolicyError(source, sorted(problems, key=lambda p: (p.line or 0, p.path)))
     return _resolve_paths(policy, base_dir) if base_dir else policy
 
 
@@ -101,36 +100,26 @@ def _explain(err: Any) -> str:
     return message
 
 
-def _reference_problems(policy: Policy, lines: _LineIndex) -> list[PolicyProblem]:
+def _reference_problems(data: dict[str, Any], lines: _LineIndex) -> list[PolicyProblem]:
+    """Problems between keys (a model naming an undefined pool, a pool with no replica
+    source), read off the raw mapping so they are found even when other keys are invalid."""
     problems: list[PolicyProblem] = []
-    defined = sorted(policy.pools)
+    raw_pools, raw_models = data.get("pools"), data.get("models")
+    pools: dict[Any, Any] = raw_pools if isinstance(raw_pools, dict) else {}
+    models: dict[Any, Any] = raw_models if isinstance(raw_models, dict) else {}
+    defined = ", ".join(sorted(str(name) for name in pools)) or "(no pools defined)"
     loc: tuple[str, ...]
-    for alias, model in policy.models.items():
-        if model.pool not in policy.pools:
-            loc = ("models", alias, "pool")
-            problems.append(
-                PolicyProblem(
-                    _dotted(loc),
-                    f"pool {model.pool!r} is not defined (expected one of: {', '.join(defined)})",
-                    lines.of(loc),
-                )
-            )
-    for name, pool in policy.pools.items():
-        if not pool.replicas and pool.engine_state is None:
-            loc = ("pools", name)
-            problems.append(
-                PolicyProblem(
-                    _dotted(loc),
-                    "a pool needs `replicas`, `engine_state`, or both",
-                    lines.of(loc),
-                )
-            )
-        if not pool.serves:
-            loc = ("pools", name, "serves")
-            allowed = ", ".join(e.value for e in Endpoint)
-            problems.append(
-                PolicyProblem(_dotted(loc), f"expected at least one of: {allowed}", lines.of(loc))
-            )
+    for alias, model in models.items():
+        pool = model.get("pool") if isinstance(model, dict) else None
+        if isinstance(pool, str) and pool not in pools:
+            loc = ("models", str(alias), "pool")
+            message = f"pool {pool!r} is not defined (expected one of: {defined})"
+            problems.append(PolicyProblem(_dotted(loc), message, lines.of(loc)))
+    for name, pool in pools.items():
+        if isinstance(pool, dict) and not pool.get("replicas") and not pool.get("engine_state"):
+            loc = ("pools", str(name))
+            message = "a pool needs `replicas`, `engine_state`, or both"
+            problems.append(PolicyProblem(_dotted(loc), message, lines.of(loc)))
     return problems
 
 

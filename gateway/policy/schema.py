@@ -92,7 +92,7 @@ class PoolSpec(Strict):
     served_model: Name = Field(
         description="The model name the engines serve (vLLM --served-model-name)."
     )
-    serves: tuple[Endpoint, ...] = (Endpoint.chat, Endpoint.completions)
+    serves: tuple[Endpoint, ...] = Field((Endpoint.chat, Endpoint.completions), min_length=1)
     replicas: tuple[ReplicaSpec, ...] = ()
     engine_state: str | None = Field(
         None,

@@ -48,6 +48,11 @@ def test_shipped_default_policy_is_valid() -> None:
     assert {"tiny", "tiny-embed"} <= set(policy.models)
 
 
+@pytest.mark.parametrize("path", sorted((ROOT / "policies").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_policy_is_valid(path: Path) -> None:
+    assert load_policy(path).models
+
+
 def test_unknown_key_is_rejected_with_path_and_line(tmp_path: Path) -> None:
     message = reject(
         VALID.replace("    tier: small\n", "    tier: small\n    replicaz: 3\n"), tmp_path
@@ -121,6 +126,22 @@ def test_invalid_yaml_is_rejected_with_line(tmp_path: Path) -> None:
 
 def test_top_level_must_be_a_mapping(tmp_path: Path) -> None:
     assert "expected a mapping" in reject("- just\n- a list\n", tmp_path)
+
+
+def test_empty_serves_is_rejected(tmp_path: Path) -> None:
+    message = reject(
+        VALID.replace("    tier: small\n", "    tier: small\n    serves: []\n"), tmp_path
+    )
+    assert "pools.chat.serves" in message
+    assert "at least 1 item" in message
+
+
+def test_bad_reference_is_reported_with_other_errors(tmp_path: Path) -> None:
+    text = VALID.replace("pool: chat", "pool: nope") + "limits:\n  max_body_bytes: x\n"
+    message = reject(text, tmp_path)
+    assert "models.tiny.pool: pool 'nope' is not defined" in message
+    assert "limits.max_body_bytes" in message
+    assert message.index("models.tiny.pool") < message.index("limits.max_body_bytes")  # file order
 
 
 def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:
