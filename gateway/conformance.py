@@ -5,7 +5,8 @@ object/array" (`message.annotations`, `message.function_call`,
 `usage.completion_tokens_details`). Strictly typed clients and contract tests reject
 those, so the gateway drops them. Only nulls that the schema forbids are removed; every
 other byte of the answer is kept, and an answer that needs no change is passed on as-is.
-Streamed chunks from vLLM already conform and are never re-encoded.
+Streamed chunks from vLLM conform too, except `logprobs` objects, which lack the required
+`refusal` key: only streams that asked for logprobs are re-encoded, event by event.
 """
 
 from __future__ import annotations
@@ -41,7 +42,34 @@ def conform_response(payload: bytes) -> bytes:
             if isinstance(usage.get(details), dict):
                 changed |= _drop_nulls(usage[details])
     for choice in body.get("choices") or ():
-        message = choice.get("message") if isinstance(choice, dict) else None
+        if not isinstance(choice, dict):
+            continue
+        message = choice.get("message")
         if isinstance(message, dict):
             changed |= _drop_nulls(message, keep=_NULLABLE_MESSAGE_KEYS)
+        changed |= _complete_logprobs(choice)
     return orjson.dumps(body) if changed else payload
+
+
+def _complete_logprobs(choice: dict[str, Any]) -> bool:
+    logprobs = choice.get("logprobs")
+    if isinstance(logprobs, dict) and "content" in logprobs and "refusal" not in logprobs:
+        logprobs["refusal"] = None
+        return True
+    return False
+
+
+def conform_event(event: bytes) -> bytes:
+    """One SSE event of a chat stream, with its chunk made to conform (same bytes if it does)."""
+    if not event.startswith(b"data: {"):
+        return event
+    body_end = len(event.rstrip(b"\r\n"))
+    try:
+        chunk = orjson.loads(event[6:body_end])
+    except orjson.JSONDecodeError:
+        return event
+    changed = False
+    for choice in chunk.get("choices") or ():
+        if isinstance(choice, dict):
+            changed |= _complete_logprobs(choice)
+    return b"data: " + orjson.dumps(chunk) + event[body_end:] if changed else event

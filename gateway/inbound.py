@@ -99,7 +99,7 @@ def _check_messages(body: dict[str, Any]) -> None:
                 param=f"messages[{i}].role",
                 code="missing_required_parameter",
             )
-        if role not in _ROLES:
+        if not isinstance(role, str) or role not in _ROLES:
             raise InvalidRequest(
                 f"Invalid value for 'messages[{i}].role': {role!r}. "
                 f"Supported values are: {', '.join(sorted(_ROLES))}.",

@@ -9,25 +9,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-import orjson
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
 from gateway.conformance import conform_response
 from gateway.errors import (
     GatewayError,
     NoHealthyReplica,
-    UpstreamError,
     UpstreamTimeout,
     upstream_error_from_body,
 )
 from gateway.inbound import InboundRequest, parse_request
 from gateway.policy import Endpoint, Policy
+from gateway.relay import RelayResponse, StreamRelay
 from gateway.replicas import Fleet, Pool, Replica
 from gateway.selection import ReplicaChooser
-from gateway.sse import SSEFramer, data_event
 from gateway.upstream import ConnectFailed, Upstream, UpstreamResponse
 
 log = logging.getLogger(__name__)
@@ -37,7 +34,6 @@ _UPSTREAM_PATHS = {
     Endpoint.completions: "/v1/completions",
     Endpoint.embeddings: "/v1/embeddings",
 }
-_STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 @dataclass(frozen=True)
@@ -61,7 +57,7 @@ class Pipeline:
         pool = self._fleet.pool_for(request.model, endpoint)
         dispatch = await self._dispatch(pool, request, request_id)
         if request.stream:
-            return self._relay_stream(dispatch)
+            return self._relay_stream(request, dispatch)
         return await self._relay_whole(dispatch)
 
     async def _dispatch(self, pool: Pool, request: InboundRequest, request_id: str) -> _Dispatch:
@@ -132,48 +128,13 @@ class Pipeline:
             headers={"X-Gateway-Replica": replica.id},
         )
 
-    def _relay_stream(self, dispatch: _Dispatch) -> StreamingResponse:
-        return StreamingResponse(
-            self._events(dispatch),
-            status_code=200,
-            media_type="text/event-stream",
-            headers={**_STREAM_HEADERS, "X-Gateway-Replica": dispatch.replica.id},
+    def _relay_stream(self, request: InboundRequest, dispatch: _Dispatch) -> RelayResponse:
+        relay = StreamRelay(
+            dispatch.replica,
+            dispatch.response,
+            deadline=dispatch.deadline,
+            idle_s=self._policy.timeouts.idle_s,
+            # Only logprobs chunks need fixing; every other stream passes byte for byte.
+            conform=bool(request.body.get("logprobs")),
         )
-
-    async def _events(self, dispatch: _Dispatch) -> AsyncIterator[bytes]:
-        """Forward each event as soon as it is complete; never buffer the stream."""
-        replica, response = dispatch.replica, dispatch.response
-        loop = asyncio.get_running_loop()
-        idle_s = self._policy.timeouts.idle_s
-        framer = SSEFramer()
-        finished = False
-        try:
-            while True:
-                try:
-                    async with asyncio.timeout_at(min(dispatch.deadline, loop.time() + idle_s)):
-                        chunk = await response.next_chunk()
-                except TimeoutError:
-                    yield _stream_error(UpstreamTimeout("The engine stopped sending mid-stream."))
-                    return
-                except UpstreamError as exc:
-                    log.warning("stream from %s broke: %s", replica.id, exc.message)
-                    yield _stream_error(exc)
-                    return
-                if not chunk:
-                    finished = True
-                    if rest := framer.flush():
-                        yield rest
-                    return
-                for event in framer.feed(chunk):
-                    yield event
-        finally:
-            replica.inflight -= 1
-            if finished:
-                response.release()
-            else:
-                response.abort()
-
-
-def _stream_error(error: GatewayError) -> bytes:
-    """Errors after the first byte travel in-stream, as OpenAI sends them."""
-    return data_event(orjson.dumps(error.body()))
+        return RelayResponse(relay)

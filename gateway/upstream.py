@@ -11,7 +11,7 @@ Every aiohttp exception is turned into the gateway's own here, at the boundary:
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from typing import Protocol
 
 import aiohttp
@@ -115,8 +115,3 @@ class AiohttpUpstream:
 
     async def close(self) -> None:
         await self.session.close()
-
-
-async def iterate(resp: UpstreamResponse) -> AsyncIterator[bytes]:
-    while chunk := await resp.next_chunk():
-        yield chunk

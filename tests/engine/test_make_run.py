@@ -49,12 +49,15 @@ def test_stack_serves_through_real_vllm_and_stops_on_ctrl_c(tmp_path: Path) -> N
         assert base in printed and "curl" in printed and "from openai import OpenAI" in printed
         assert "embedded durable Redis" in printed
 
-        client = OpenAI(base_url=base, api_key="unused", max_retries=0)
-        reply = client.chat.completions.create(
-            model="tiny", messages=[{"role": "user", "content": "Hello"}], max_tokens=4
-        )
-        assert reply.usage is not None and reply.usage.completion_tokens == 4
-        assert client.embeddings.create(model="tiny-embed", input="x").data
+        with OpenAI(base_url=base, api_key="unused", max_retries=0) as client:
+            reply = client.chat.completions.create(
+                model="tiny",
+                messages=[{"role": "user", "content": "Hello"}],
+                max_tokens=4,
+                extra_body={"ignore_eos": True},
+            )
+            assert reply.usage is not None and reply.usage.completion_tokens == 4
+            assert client.embeddings.create(model="tiny-embed", input="x").data
         pids = [
             r["pid"] for r in json.loads((tmp_path / "engine-state.json").read_text())["replicas"]
         ]

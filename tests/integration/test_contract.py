@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import httpx
 import orjson
 import pytest
@@ -24,8 +26,9 @@ TOOLS = [
 
 
 @pytest.fixture
-def http(gateway: Gateway) -> httpx.Client:
-    return httpx.Client(base_url=gateway.v1, timeout=120)
+def http(gateway: Gateway) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=gateway.v1, timeout=120) as client:
+        yield client
 
 
 def post(http: httpx.Client, path: str, body: dict[str, object]) -> httpx.Response:
@@ -58,14 +61,19 @@ def test_chat_completion_matches_schema(http: httpx.Client, extra: dict[str, obj
     assert violations("CreateChatCompletionResponse", response.json()) == []
 
 
+@pytest.mark.parametrize("logprobs", [False, True])
 @pytest.mark.parametrize("include_usage", [True, False])
-def test_stream_chunks_match_schema(http: httpx.Client, include_usage: bool) -> None:
+def test_stream_chunks_match_schema(
+    http: httpx.Client, include_usage: bool, logprobs: bool
+) -> None:
     body = {
         "model": "tiny",
         "messages": [{"role": "user", "content": "Hi"}],
         "max_tokens": 6,
         "stream": True,
         "stream_options": {"include_usage": include_usage},
+        "logprobs": logprobs,
+        "ignore_eos": True,  # a vLLM extension, passed through untouched: exact token counts
     }
     with http.stream("POST", "/chat/completions", content=orjson.dumps(body)) as response:
         assert response.status_code == 200

@@ -243,3 +243,30 @@ def test_health_and_readiness(make_client: Client) -> None:
     ready = client.get("/readyz")
     assert ready.status_code == 200
     assert ready.json()["state_store"] == "ok"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"\xff\xfe\x00garbage",
+        b"[" * 5000 + b"]" * 5000,
+        b'{"model": "tiny", "messages": [null]}',
+        b'{"model": "tiny", "messages": [{"role": ["user"]}]}',
+        b'{"model": {"$gt": ""}, "messages": []}',
+        b'{"model": "tiny", "messages": [{"role": "user"}], "tools": "all"}',
+        b'{"model": "tiny", "messages": [{"role": "user"}], "stream_options": [1]}',
+        b'{"model": "tiny", "messages": [{"role": "user"}], "stream": null, "stream_options": {}}',
+        b"1e999999",
+        b'"just a string"',
+    ],
+)
+def test_bad_input_is_a_clean_4xx_never_a_500(make_client: Client, body: bytes) -> None:
+    client, fake = make_client(ok)
+    response = client.post(
+        "/v1/chat/completions", content=body, headers={"Content-Type": "application/json"}
+    )
+    assert 400 <= response.status_code < 500
+    error = response.json()["error"]
+    assert error["message"]
+    assert "Traceback" not in response.text
+    assert fake.calls == []

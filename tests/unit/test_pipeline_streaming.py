@@ -7,7 +7,9 @@ from collections.abc import AsyncGenerator
 from typing import cast
 
 import pytest
+from starlette.requests import ClientDisconnect
 from starlette.responses import StreamingResponse
+from starlette.types import Message, Scope
 
 from gateway.pipeline import Pipeline
 from gateway.policy import Endpoint, parse_policy
@@ -77,3 +79,23 @@ def test_fake_is_scripted_per_call() -> None:
     fake = FakeUpstream(lambda call: Scripted(status=201 if call.url.endswith("x") else 200))
     assert asyncio.run(fake.post("http://h/x", b"", {}, connect_timeout_s=1)).status == 201
     assert isinstance(fake.calls[0], Call)
+
+
+async def test_response_cancelled_before_its_first_byte_still_frees_the_replica() -> None:
+    upstream = GatedUpstream()
+    fleet = Fleet(POLICY)
+    pipeline = Pipeline(POLICY, fleet, default_chooser(), upstream)
+    response = await pipeline.handle(Endpoint.chat, BODY, "rid")
+    assert fleet.pools["p"].replicas[0].inflight == 1
+
+    async def receive() -> Message:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: Message) -> None:
+        raise OSError("client went away")  # before the status line could be written
+
+    scope: Scope = {"type": "http", "asgi": {"spec_version": "2.4"}}
+    with pytest.raises(ClientDisconnect):
+        await response(scope, receive, send)
+    assert fleet.pools["p"].replicas[0].inflight == 0
+    assert upstream.responses[0].aborted

@@ -1,0 +1,105 @@
+"""Relaying an engine's SSE stream to the client.
+
+Each event is forwarded as soon as it is complete; nothing is buffered beyond one event.
+After the first byte, failures travel in-stream as OpenAI sends them, and the engine
+request is aborted (its connection dropped) unless it ended normally. The replica's
+in-flight slot is given back exactly once, whether the stream ends, breaks, the client
+goes away mid-stream, or the response is cancelled before its first byte.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+
+import orjson
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from gateway.conformance import conform_event
+from gateway.errors import GatewayError, UpstreamError, UpstreamTimeout
+from gateway.replicas import Replica
+from gateway.sse import SSEFramer, data_event
+from gateway.upstream import UpstreamResponse
+
+log = logging.getLogger(__name__)
+
+_STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+class StreamRelay:
+    def __init__(
+        self,
+        replica: Replica,
+        response: UpstreamResponse,
+        *,
+        deadline: float,
+        idle_s: float,
+        conform: bool = False,
+    ) -> None:
+        self.replica = replica
+        self._conform = conform
+        self._response = response
+        self._deadline = deadline
+        self._idle_s = idle_s
+        self._finished = False
+        self._closed = False
+
+    async def events(self) -> AsyncIterator[bytes]:
+        loop = asyncio.get_running_loop()
+        framer = SSEFramer()
+        try:
+            while True:
+                try:
+                    async with asyncio.timeout_at(min(self._deadline, loop.time() + self._idle_s)):
+                        chunk = await self._response.next_chunk()
+                except TimeoutError:
+                    yield stream_error(UpstreamTimeout("The engine stopped sending mid-stream."))
+                    return
+                except UpstreamError as exc:
+                    log.warning("stream from %s broke: %s", self.replica.id, exc.message)
+                    yield stream_error(exc)
+                    return
+                if not chunk:
+                    self._finished = True
+                    if rest := framer.flush():
+                        yield rest
+                    return
+                for event in framer.feed(chunk):
+                    yield conform_event(event) if self._conform else event
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.replica.inflight -= 1
+        if self._finished:
+            self._response.release()
+        else:
+            self._response.abort()
+
+
+class RelayResponse(StreamingResponse):
+    """A StreamingResponse that always closes its relay, even if never iterated."""
+
+    def __init__(self, relay: StreamRelay) -> None:
+        super().__init__(
+            relay.events(),
+            media_type="text/event-stream",
+            headers={**_STREAM_HEADERS, "X-Gateway-Replica": relay.replica.id},
+        )
+        self.relay = relay
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.relay.close()
+
+
+def stream_error(error: GatewayError) -> bytes:
+    """Errors after the first byte travel in-stream, as OpenAI sends them."""
+    return data_event(orjson.dumps(error.body()))
