@@ -5,6 +5,7 @@ code that needs it. No module-level state, no singletons.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -14,7 +15,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.api.routes import build_router
+from gateway.api.routes import build_api_router
+from gateway.engine_metrics import EngineMetricsScraper
 from gateway.errors import (
     GatewayError,
     InvalidRequest,
@@ -27,7 +29,7 @@ from gateway.middleware import RequestIdMiddleware
 from gateway.pipeline import Pipeline
 from gateway.policy import Policy
 from gateway.replicas import Fleet
-from gateway.selection import default_chooser
+from gateway.routing.build import build_router
 from gateway.state_store import StateStore
 from gateway.upstream import AiohttpUpstream, Upstream
 
@@ -43,25 +45,29 @@ def create_app(
 ) -> FastAPI:
     fleet = Fleet(policy)
     state = store if store is not None else StateStore(policy.state)
-    # The session is created inside the lifespan: aiohttp binds it to the running loop.
-    holder: dict[str, Upstream] = {}
+    # The aiohttp session is created inside the lifespan: it binds to the running loop.
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         client = upstream if upstream is not None else AiohttpUpstream.create()
-        holder["upstream"] = client
-        app.state.pipeline = Pipeline(policy, fleet, default_chooser(), client)
-        await state.open()
         monitor: HealthMonitor | None = None
+        scraper: EngineMetricsScraper | None = None
         if health_checks and isinstance(client, AiohttpUpstream):
             monitor = HealthMonitor(fleet, client.session, policy.health)
+            scraper = EngineMetricsScraper(fleet, client.session, policy.routing.scrape_interval_s)
+        router = build_router(policy.routing, time.monotonic, scraper)
+        app.state.pipeline = Pipeline(policy, fleet, router, client)
+        await state.open()
+        if monitor is not None and scraper is not None:
             await monitor.check_all(first=True)  # know who is up before the first request
             monitor.start()
+            scraper.start()
         try:
             yield
         finally:
-            if monitor is not None:
+            if monitor is not None and scraper is not None:
                 await monitor.stop()
+                await scraper.stop()
             await client.close()
             await state.close()
 
@@ -73,7 +79,7 @@ def create_app(
         openapi_url=None,
     )
     app.add_middleware(RequestIdMiddleware)
-    app.include_router(build_router(policy, fleet, state))
+    app.include_router(build_api_router(policy, fleet, state))
     _install_error_handlers(app)
     return app
 

@@ -13,8 +13,10 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from gateway.policy import Policy, PolicyError, load_policy
+from gateway.policy.schema import RoutingSpec
 
 DEFAULT_POLICY = "policies/default.yaml"
 
@@ -85,6 +87,57 @@ def _schema(args: argparse.Namespace) -> int:
     return 0
 
 
+def _replay(args: argparse.Namespace) -> int:
+    from gateway.replay.run import ReplayConfig, evaluate
+    from gateway.replay.traces import TraceError, read_trace
+
+    try:
+        routing = (
+            load_policy(args.policy).routing if args.policy else Policy.model_construct().routing
+        )
+    except PolicyError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    config = ReplayConfig(
+        replicas=args.replicas,
+        cache_blocks=args.cache_blocks,
+        block_tokens=args.block_tokens,
+        prefill_tps=args.prefill_tps,
+        decode_tps=args.decode_tps,
+    )
+    try:
+        trace = list(read_trace(Path(args.trace), block_tokens=args.block_tokens))
+    except (OSError, TraceError) as exc:
+        print(f"gateway replay: {exc}", file=sys.stderr)
+        return 2
+    result = {"trace": args.trace, "policy": args.policy, **evaluate(trace, routing, config)}
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(_replay_table(result))
+    return 0
+
+
+def _replay_table(r: dict[str, Any]) -> str:
+    rows = [
+        ("gateway", r),
+        ("round-robin", r["round_robin"]),
+        ("sglang-style", r["sglang_cache_aware"]),
+    ]
+    lines = [
+        f"{r['requests']} requests, {r['replicas']} replicas x {r['cache_blocks']} blocks; "
+        f"oracle hit rate {r['oracle_hit_rate']:.3f}",
+        f"{'router':<14} {'hit_rate':>9} {'imbalance_p95':>14} "
+        f"{'ttft_p50_s':>11} {'ttft_p95_s':>11}",
+    ]
+    for name, row in rows:
+        lines.append(
+            f"{name:<14} {row['hit_rate']:>9.3f} {row['imbalance_p95']:>14.3f} "
+            f"{row['ttft_p50_s']:>11.3f} {row['ttft_p95_s']:>11.3f}"
+        )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gateway", description="OpenAI-compatible agent gateway")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -109,6 +162,23 @@ def main(argv: list[str] | None = None) -> int:
     schema = policy.add_parser("schema", help="print the policy's JSON Schema")
     schema.add_argument("--out")
     schema.set_defaults(run=_schema)
+
+    replay = sub.add_parser("replay", help="replay a trace through the routing code")
+    replay.add_argument(
+        "--trace", required=True, help="Mooncake JSONL or the gateway's request log"
+    )
+    replay.add_argument("--replicas", type=int, default=8)
+    replay.add_argument("--cache-blocks", type=int, default=10_000, help="blocks per replica")
+    replay.add_argument("--policy", help="policy whose `routing` section to replay")
+    replay.add_argument("--block-tokens", type=int, default=512)
+    replay.add_argument(
+        "--prefill-tps", type=float, default=10_000.0, help="simulated prefill tokens/s"
+    )
+    replay.add_argument(
+        "--decode-tps", type=float, default=30.0, help="simulated decode tokens/s per request"
+    )
+    replay.add_argument("--json", action="store_true", help="one JSON object instead of a table")
+    replay.set_defaults(run=_replay)
 
     args = parser.parse_args(argv)
     result: int = args.run(args)

@@ -24,7 +24,9 @@ from gateway.inbound import InboundRequest, parse_request
 from gateway.policy import Endpoint, Policy
 from gateway.relay import RelayResponse, StreamRelay
 from gateway.replicas import Fleet, Pool, Replica
-from gateway.selection import ReplicaChooser
+from gateway.routing.blocks import request_blocks
+from gateway.routing.costs import RouteRequest
+from gateway.routing.router import Decision, Router
 from gateway.upstream import ConnectFailed, Upstream, UpstreamResponse
 
 log = logging.getLogger(__name__)
@@ -37,44 +39,70 @@ _UPSTREAM_PATHS = {
 
 
 @dataclass(frozen=True)
+class RequestContext:
+    """What the HTTP layer knows about a request besides its body."""
+
+    request_id: str
+    session_id: str | None = None
+
+
+@dataclass(frozen=True)
 class _Dispatch:
-    replica: Replica
+    decision: Decision
     response: UpstreamResponse
     deadline: float
 
+    @property
+    def replica(self) -> Replica:
+        return self.decision.replica
+
+    def headers(self) -> dict[str, str]:
+        return {"X-Gateway-Replica": self.replica.id, "X-Gateway-Route": self.decision.header()}
+
 
 class Pipeline:
-    def __init__(
-        self, policy: Policy, fleet: Fleet, chooser: ReplicaChooser, upstream: Upstream
-    ) -> None:
+    def __init__(self, policy: Policy, fleet: Fleet, router: Router, upstream: Upstream) -> None:
         self._policy = policy
         self._fleet = fleet
-        self._chooser = chooser
+        self._router = router
         self._upstream = upstream
+        self._prefix_routing = policy.routing.strategy == "cache_aware"
 
-    async def handle(self, endpoint: Endpoint, raw_body: bytes, request_id: str) -> Response:
+    async def handle(
+        self, endpoint: Endpoint, raw_body: bytes, context: RequestContext
+    ) -> Response:
         request = parse_request(endpoint, raw_body)
         pool = self._fleet.pool_for(request.model, endpoint)
-        dispatch = await self._dispatch(pool, request, request_id)
+        route = self._route_request(request, context)
+        dispatch = await self._dispatch(pool, request, route, context)
         if request.stream:
             return self._relay_stream(request, dispatch)
         return await self._relay_whole(dispatch)
 
-    async def _dispatch(self, pool: Pool, request: InboundRequest, request_id: str) -> _Dispatch:
-        """Send to the best replica; on a refused connection (nothing sent) try the next."""
+    def _route_request(self, request: InboundRequest, context: RequestContext) -> RouteRequest:
+        blocks: tuple[int, ...] = ()
+        if self._prefix_routing and request.endpoint is not Endpoint.embeddings:
+            blocks = request_blocks(request.body, self._policy.routing.block_bytes)
+        return RouteRequest(blocks, context.session_id)
+
+    async def _dispatch(
+        self, pool: Pool, request: InboundRequest, route: RouteRequest, context: RequestContext
+    ) -> _Dispatch:
+        """Send to the chosen replica; on a refused connection (nothing sent) choose again."""
         timeouts = self._policy.timeouts
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeouts.total_s
         body = request.body_for(pool.spec.served_model)
-        headers = {"Content-Type": "application/json", "X-Request-Id": request_id}
+        headers = {"Content-Type": "application/json", "X-Request-Id": context.request_id}
         if request.stream:
             headers["Accept"] = "text/event-stream"
         path = _UPSTREAM_PATHS[request.endpoint]
         tried: set[Replica] = set()
-        while (
-            replica := self._chooser.choose(pool.replicas, exclude=frozenset(tried))
-        ) is not None:
+        while (decision := self._router.choose(pool.replicas, route, frozenset(tried))) is not None:
+            replica = decision.replica
             tried.add(replica)
+            # Recorded before sending, so a burst sharing a new prefix sees where it went.
+            self._router.dispatched(decision, route)
             replica.inflight += 1
             try:
                 async with asyncio.timeout_at(min(deadline, loop.time() + timeouts.first_byte_s)):
@@ -96,7 +124,7 @@ class Pipeline:
             except BaseException:
                 replica.inflight -= 1
                 raise
-            return _Dispatch(replica, response, deadline)
+            return _Dispatch(decision, response, deadline)
         raise NoHealthyReplica(
             f"No healthy replica is available for model `{request.model}`; try again shortly.",
             retry_after_s=self._policy.health.retry_after_s,
@@ -125,7 +153,7 @@ class Pipeline:
             conform_response(payload),
             status_code=200,
             media_type=response.content_type,
-            headers={"X-Gateway-Replica": replica.id},
+            headers=dispatch.headers(),
         )
 
     def _relay_stream(self, request: InboundRequest, dispatch: _Dispatch) -> RelayResponse:
@@ -137,4 +165,4 @@ class Pipeline:
             # Only logprobs chunks need fixing; every other stream passes byte for byte.
             conform=bool(request.body.get("logprobs")),
         )
-        return RelayResponse(relay)
+        return RelayResponse(relay, dispatch.headers())

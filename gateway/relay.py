@@ -85,11 +85,9 @@ class StreamRelay:
 class RelayResponse(StreamingResponse):
     """A StreamingResponse that always closes its relay, even if never iterated."""
 
-    def __init__(self, relay: StreamRelay) -> None:
+    def __init__(self, relay: StreamRelay, headers: dict[str, str]) -> None:
         super().__init__(
-            relay.events(),
-            media_type="text/event-stream",
-            headers={**_STREAM_HEADERS, "X-Gateway-Replica": relay.replica.id},
+            relay.events(), media_type="text/event-stream", headers={**_STREAM_HEADERS, **headers}
         )
         self.relay = relay
 

@@ -12,7 +12,7 @@ from starlette.responses import Response
 
 from gateway.api.body import read_body
 from gateway.errors import ModelNotFound
-from gateway.pipeline import Pipeline
+from gateway.pipeline import Pipeline, RequestContext
 from gateway.policy import Endpoint, Policy
 from gateway.replicas import Fleet
 from gateway.state_store import StateStore
@@ -22,7 +22,7 @@ def _json(data: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(data), status_code=status, media_type="application/json")
 
 
-def build_router(policy: Policy, fleet: Fleet, store: StateStore) -> APIRouter:
+def build_api_router(policy: Policy, fleet: Fleet, store: StateStore) -> APIRouter:
     router = APIRouter()
     limit = policy.limits.max_body_bytes
     created = int(time.time())
@@ -30,7 +30,11 @@ def build_router(policy: Policy, fleet: Fleet, store: StateStore) -> APIRouter:
     async def forward(request: Request, endpoint: Endpoint) -> Response:
         pipeline: Pipeline = request.app.state.pipeline
         body = await read_body(request, limit)
-        return await pipeline.handle(endpoint, body, request.state.request_id)
+        context = RequestContext(
+            request_id=request.state.request_id,
+            session_id=request.headers.get("x-session-id") or None,
+        )
+        return await pipeline.handle(endpoint, body, context)
 
     @router.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:

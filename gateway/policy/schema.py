@@ -69,6 +69,36 @@ class HealthSpec(Strict):
     )
 
 
+class RoutingWeights(Strict):
+    """Exchange rates between costs, in prefill blocks (see gateway/routing/costs.py)."""
+
+    prefix: float = Field(1.0, ge=0, description="Per block the replica would have to prefill.")
+    load: float = Field(0.3, ge=0, description="Per block of recent (decayed) work on the replica.")
+    queue: float = Field(1.0, ge=0, description="Per request in flight or waiting at the replica.")
+    session: float = Field(8.0, ge=0, description="For leaving the replica the session uses.")
+
+
+class RoutingSpec(Strict):
+    strategy: Literal["cache_aware", "round_robin"] = "cache_aware"
+    block_bytes: int = Field(
+        512, ge=16, description="Prompt bytes per prefix block (about 128 tokens)."
+    )
+    index_blocks_per_replica: int = Field(
+        10_000, ge=1, description="Blocks remembered per replica: size it like the engine's cache."
+    )
+    load_half_life_s: float = Field(15.0, gt=0, description="Decay of the recent-work signal.")
+    weights: RoutingWeights = RoutingWeights()
+    max_load_factor: float = Field(
+        2.0, ge=1, description="Replicas above this multiple of the mean recent work are skipped."
+    )
+    load_slack_blocks: float = Field(64.0, ge=0, description="Added to that bound.")
+    max_waiting: int = Field(32, ge=1, description="A replica with this many queued is saturated.")
+    max_kv_usage: float = Field(
+        0.98, gt=0, le=1, description="KV usage at which a replica is saturated."
+    )
+    scrape_interval_s: float = Field(1.0, gt=0, description="How often engines' /metrics are read.")
+
+
 class StateSpec(Strict):
     redis_url: str = Field(
         "",
@@ -117,5 +147,6 @@ class Policy(Strict):
     timeouts: TimeoutsSpec = TimeoutsSpec()
     health: HealthSpec = HealthSpec()
     state: StateSpec = StateSpec()
+    routing: RoutingSpec = RoutingSpec()
     pools: dict[Name, PoolSpec] = Field(min_length=1)
     models: dict[Name, ModelSpec] = Field(min_length=1)

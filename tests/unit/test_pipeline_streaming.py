@@ -11,10 +11,10 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import StreamingResponse
 from starlette.types import Message, Scope
 
-from gateway.pipeline import Pipeline
+from gateway.pipeline import Pipeline, RequestContext
 from gateway.policy import Endpoint, parse_policy
 from gateway.replicas import Fleet
-from gateway.selection import default_chooser
+from gateway.routing.router import RoundRobinRouter
 from tests.fakes import Call, FakeUpstream, Scripted
 
 POLICY = parse_policy(
@@ -44,8 +44,8 @@ class GatedUpstream(FakeUpstream):
 async def test_each_event_is_forwarded_before_the_next_one_exists() -> None:
     upstream = GatedUpstream()
     fleet = Fleet(POLICY)
-    pipeline = Pipeline(POLICY, fleet, default_chooser(), upstream)
-    response = await pipeline.handle(Endpoint.chat, BODY, "rid")
+    pipeline = Pipeline(POLICY, fleet, RoundRobinRouter(), upstream)
+    response = await pipeline.handle(Endpoint.chat, BODY, RequestContext("rid"))
     assert isinstance(response, StreamingResponse)
     events = cast(AsyncGenerator[bytes, None], response.body_iterator)
 
@@ -64,8 +64,8 @@ async def test_each_event_is_forwarded_before_the_next_one_exists() -> None:
 async def test_client_going_away_aborts_the_engine_request() -> None:
     upstream = GatedUpstream()
     fleet = Fleet(POLICY)
-    pipeline = Pipeline(POLICY, fleet, default_chooser(), upstream)
-    response = await pipeline.handle(Endpoint.chat, BODY, "rid")
+    pipeline = Pipeline(POLICY, fleet, RoundRobinRouter(), upstream)
+    response = await pipeline.handle(Endpoint.chat, BODY, RequestContext("rid"))
     assert isinstance(response, StreamingResponse)
     events = cast(AsyncGenerator[bytes, None], response.body_iterator)
     await upstream.gate.put(b"data: 1\n\n")
@@ -84,8 +84,8 @@ def test_fake_is_scripted_per_call() -> None:
 async def test_response_cancelled_before_its_first_byte_still_frees_the_replica() -> None:
     upstream = GatedUpstream()
     fleet = Fleet(POLICY)
-    pipeline = Pipeline(POLICY, fleet, default_chooser(), upstream)
-    response = await pipeline.handle(Endpoint.chat, BODY, "rid")
+    pipeline = Pipeline(POLICY, fleet, RoundRobinRouter(), upstream)
+    response = await pipeline.handle(Endpoint.chat, BODY, RequestContext("rid"))
     assert fleet.pools["p"].replicas[0].inflight == 1
 
     async def receive() -> Message:

@@ -1,0 +1,1 @@
+"""`gateway replay`: a trace through the gateway's real routing code over simulated replicas."""

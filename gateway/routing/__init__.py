@@ -1,0 +1,1 @@
+"""Choosing the replica for a request: filter, then cost, then pick (see router.py)."""

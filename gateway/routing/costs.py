@@ -1,0 +1,88 @@
+"""Candidates, filters and costs: small pure functions over facts gathered beforehand.
+
+Everything is measured in prefill blocks, so weights from the policy read as exchange
+rates: `load: 0.3` means a block of recent work on a replica counts 0.3 of a block
+that would have to be recomputed there. The chosen replica has the lowest weighted sum,
+which is the replica where this request's prefill is expected to start soonest and cost
+least.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from gateway.replicas import Replica
+
+
+@dataclass(frozen=True)
+class RouteRequest:
+    blocks: tuple[int, ...]  # chained prefix block hashes (routing/blocks.py)
+    session: str | None = None
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """What is known about one replica when a request arrives; gathered before scoring."""
+
+    replica: Replica
+    cached_blocks: int  # leading blocks of this request the replica is believed to hold
+    recent_work: float  # decayed prefill work recently sent to it (routing/load.py)
+    queued: int  # requests in flight at the gateway plus waiting in the engine
+    kv_usage: float  # engine's KV cache usage, 0..1 (scraped /metrics)
+    session_home: bool  # the replica this request's session belongs to
+
+
+Cost = Callable[[RouteRequest, Candidate], float]
+Filter = Callable[[RouteRequest, Sequence[Candidate]], list[Candidate]]
+
+
+def prefix_cost(request: RouteRequest, c: Candidate) -> float:
+    """Blocks the replica would have to prefill, plus one for the request itself."""
+    return len(request.blocks) - c.cached_blocks + 1
+
+
+def load_cost(request: RouteRequest, c: Candidate) -> float:
+    return c.recent_work
+
+
+def queue_cost(request: RouteRequest, c: Candidate) -> float:
+    return float(c.queued)
+
+
+def session_cost(request: RouteRequest, c: Candidate) -> float:
+    """1 for leaving the session's replica; nothing for requests without a session."""
+    return 0.0 if request.session is None or c.session_home else 1.0
+
+
+COSTS: dict[str, Cost] = {
+    "prefix": prefix_cost,
+    "load": load_cost,
+    "queue": queue_cost,
+    "session": session_cost,
+}
+
+
+def not_saturated(max_waiting: int, max_kv_usage: float) -> Filter:
+    """Drop replicas whose engine is full, unless every replica is."""
+
+    def keep(request: RouteRequest, candidates: Sequence[Candidate]) -> list[Candidate]:
+        fine = [c for c in candidates if c.queued < max_waiting and c.kv_usage < max_kv_usage]
+        return fine or list(candidates)
+
+    return keep
+
+
+def bounded_load(max_factor: float, slack_blocks: float) -> Filter:
+    """Drop replicas whose recent work is far above the mean, so a hot prefix cannot pile
+    onto one replica while others idle. The slack keeps a quiet system from bouncing."""
+
+    def keep(request: RouteRequest, candidates: Sequence[Candidate]) -> list[Candidate]:
+        if len(candidates) < 2:
+            return list(candidates)
+        mean = sum(c.recent_work for c in candidates) / len(candidates)
+        limit = max_factor * mean + slack_blocks
+        fine = [c for c in candidates if c.recent_work <= limit]
+        return fine or list(candidates)
+
+    return keep

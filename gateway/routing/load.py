@@ -1,0 +1,28 @@
+"""Recent prefill work per replica: the load signal affinity must not override.
+
+Work is counted in prefix blocks (uncached blocks, plus one per request) at dispatch and
+decays with a half-life, so the value tracks each replica's recent share of prefill work
+without a model of engine speed. It is what bounds affinity: a replica that has taken far
+more recent work than the others stops winning on cache hits alone.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+
+class LoadTracker:
+    def __init__(self, half_life_s: float, clock: Callable[[], float]) -> None:
+        self._rate = math.log(2) / half_life_s
+        self._clock = clock
+        self._work: dict[str, tuple[float, float]] = {}  # replica -> (work, as of)
+
+    def recent(self, replica: str) -> float:
+        work, since = self._work.get(replica, (0.0, 0.0))
+        if not work:
+            return 0.0
+        return work * math.exp(-self._rate * max(0.0, self._clock() - since))
+
+    def add(self, replica: str, work: float) -> None:
+        self._work[replica] = (self.recent(replica) + work, self._clock())

@@ -1,0 +1,202 @@
+"""Routers: `choose` a replica for a request, then `dispatched` records the choice.
+
+`CacheAwareRouter`: filter (healthy, not saturated, bounded load), then cost every
+candidate with the weighted costs of routing/costs.py, then pick the cheapest; exact ties
+rotate. State that costs read (prefix index, recent load, session homes) changes only in
+`dispatched`, after the request has been sent.
+
+Several gateway replicas agree without talking per request: a session's home is the
+replica it was last sent to here, or else its rendezvous-hash winner among the candidates,
+which every gateway computes alike; load comes from the engines' own /metrics, which every
+gateway scrapes; the prefix index is each gateway's own record of what it sent.
+
+`RoundRobinRouter` is the baseline the benchmarks compare against.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from gateway.replicas import Replica
+from gateway.routing.costs import (
+    COSTS,
+    Candidate,
+    Filter,
+    RouteRequest,
+    bounded_load,
+    not_saturated,
+)
+from gateway.routing.index import PrefixIndex
+from gateway.routing.load import LoadTracker
+
+
+@dataclass(frozen=True)
+class EngineLoad:
+    waiting: int = 0
+    kv_usage: float = 0.0
+
+
+class EngineLoads(Protocol):
+    def get(self, url: str) -> EngineLoad | None: ...
+
+
+@dataclass(frozen=True)
+class Decision:
+    replica: Replica
+    reason: str  # prefix | session | load | rotation
+    cached_blocks: int
+    total_blocks: int
+    costs: dict[str, float] = field(default_factory=dict)
+
+    def header(self) -> str:
+        return f"{self.reason}; cached_blocks={self.cached_blocks}/{self.total_blocks}"
+
+
+class Router(Protocol):
+    def choose(
+        self, replicas: Sequence[Replica], request: RouteRequest, exclude: frozenset[Replica]
+    ) -> Decision | None: ...
+
+    def dispatched(self, decision: Decision, request: RouteRequest) -> None: ...
+
+
+def rendezvous(key: str, replicas: Sequence[Replica]) -> Replica:
+    """Highest-random-weight hashing: the same winner on every gateway, and only the keys
+    of a removed replica move when the set changes."""
+
+    def weight(replica: Replica) -> bytes:
+        return hashlib.blake2b(f"{key}|{replica.id}".encode(), digest_size=8).digest()
+
+    return max(replicas, key=weight)
+
+
+@dataclass(frozen=True)
+class CacheAwareSettings:
+    weights: dict[str, float]
+    max_waiting: int = 32
+    max_kv_usage: float = 0.98
+    max_load_factor: float = 2.0
+    load_slack_blocks: float = 64.0
+    session_memory: int = 100_000
+
+
+class CacheAwareRouter:
+    def __init__(
+        self,
+        settings: CacheAwareSettings,
+        index: PrefixIndex,
+        load: LoadTracker,
+        engine_loads: EngineLoads | None = None,
+    ) -> None:
+        unknown = set(settings.weights) - set(COSTS)
+        if unknown:
+            raise ValueError(f"unknown routing costs: {sorted(unknown)}")
+        self._weights = [
+            (COSTS[name], weight, name) for name, weight in settings.weights.items() if weight
+        ]
+        self._filters: list[Filter] = [
+            not_saturated(settings.max_waiting, settings.max_kv_usage),
+            bounded_load(settings.max_load_factor, settings.load_slack_blocks),
+        ]
+        self._settings = settings
+        self._index = index
+        self._load = load
+        self._engine_loads = engine_loads
+        self._sessions: OrderedDict[str, str] = OrderedDict()  # session -> replica id
+        self._turn = itertools.count()
+
+    def choose(
+        self,
+        replicas: Sequence[Replica],
+        request: RouteRequest,
+        exclude: frozenset[Replica] = frozenset(),
+    ) -> Decision | None:
+        healthy = [r for r in replicas if r.healthy and r not in exclude]
+        if not healthy:
+            return None
+        candidates = self._candidates(healthy, request)
+        for keep in self._filters:
+            candidates = keep(request, candidates)
+        totals = [
+            (sum(weight * cost(request, c) for cost, weight, _ in self._weights), c)
+            for c in candidates
+        ]
+        best = min(total for total, _ in totals)
+        tied = [c for total, c in totals if total <= best + 1e-9]
+        chosen = tied[next(self._turn) % len(tied)] if len(tied) > 1 else tied[0]
+        return Decision(
+            replica=chosen.replica,
+            reason=_reason(chosen, candidates, request, len(tied)),
+            cached_blocks=chosen.cached_blocks,
+            total_blocks=len(request.blocks),
+            costs={name: cost(request, chosen) for cost, _, name in self._weights},
+        )
+
+    def dispatched(self, decision: Decision, request: RouteRequest) -> None:
+        replica = decision.replica.id
+        self._load.add(replica, len(request.blocks) - decision.cached_blocks + 1)
+        self._index.record(replica, request.blocks)
+        if request.session is not None:
+            self._sessions[request.session] = replica
+            self._sessions.move_to_end(request.session)
+            if len(self._sessions) > self._settings.session_memory:
+                self._sessions.popitem(last=False)
+
+    def _candidates(self, replicas: Sequence[Replica], request: RouteRequest) -> list[Candidate]:
+        home: str | None = None
+        if request.session is not None:
+            home = self._sessions.get(request.session)
+            if home is None or all(r.id != home for r in replicas):
+                home = rendezvous(request.session, replicas).id
+        out = []
+        for replica in replicas:
+            engine = self._engine_loads.get(replica.url) if self._engine_loads else None
+            out.append(
+                Candidate(
+                    replica=replica,
+                    cached_blocks=self._index.match(replica.id, request.blocks),
+                    recent_work=self._load.recent(replica.id),
+                    queued=replica.inflight + (engine.waiting if engine else 0),
+                    kv_usage=engine.kv_usage if engine else 0.0,
+                    session_home=replica.id == home,
+                )
+            )
+        return out
+
+
+def _reason(
+    chosen: Candidate, candidates: Sequence[Candidate], request: RouteRequest, tied: int
+) -> str:
+    if chosen.cached_blocks and chosen.cached_blocks >= max(c.cached_blocks for c in candidates):
+        return "prefix"
+    if request.session is not None and chosen.session_home:
+        return "session"
+    return "rotation" if tied > 1 else "load"
+
+
+class RoundRobinRouter:
+    def __init__(self) -> None:
+        self._turn = itertools.count()
+
+    def choose(
+        self,
+        replicas: Sequence[Replica],
+        request: RouteRequest,
+        exclude: frozenset[Replica] = frozenset(),
+    ) -> Decision | None:
+        healthy = [r for r in replicas if r.healthy and r not in exclude]
+        if not healthy:
+            return None
+        replica = healthy[next(self._turn) % len(healthy)]
+        return Decision(replica, "rotation", 0, len(request.blocks))
+
+    def dispatched(self, decision: Decision, request: RouteRequest) -> None:
+        pass
+
+
+RouterFactory = Callable[[], Router]

@@ -1,0 +1,89 @@
+"""Prefix blocks, the per-replica prefix index and the decaying load signal."""
+
+from __future__ import annotations
+
+from gateway.routing.blocks import chain_hashes, request_blocks
+from gateway.routing.index import PrefixIndex
+from gateway.routing.load import LoadTracker
+
+SYSTEM = {"role": "system", "content": "You are an airline agent. " * 40}
+
+
+def chat(
+    *messages: dict[str, str], tools: list[dict[str, object]] | None = None
+) -> dict[str, object]:
+    body: dict[str, object] = {"model": "m", "messages": [SYSTEM, *messages]}
+    if tools:
+        body["tools"] = tools
+    return body
+
+
+def test_chained_hashes_share_exactly_the_common_prefix() -> None:
+    a = chain_hashes(b"x" * 100 + b"A" * 100, 50)
+    b = chain_hashes(b"x" * 100 + b"B" * 100, 50)
+    assert len(a) == 4
+    assert a[:2] == b[:2]
+    assert a[2] != b[2]
+    assert a[3] != b[3]
+
+
+def test_only_whole_blocks_count() -> None:
+    assert chain_hashes(b"x" * 99, 50) == chain_hashes(b"x" * 50, 50)
+    assert chain_hashes(b"x" * 49, 50) == ()
+
+
+def test_a_later_turn_extends_the_earlier_turns_blocks() -> None:
+    turn1 = request_blocks(chat({"role": "user", "content": "Change my flight"}), 64)
+    turn2 = request_blocks(
+        chat(
+            {"role": "user", "content": "Change my flight"},
+            {"role": "assistant", "content": "Sure " * 30},
+        ),
+        64,
+    )
+    assert len(turn2) > len(turn1)
+    assert turn2[: len(turn1)] == turn1
+
+
+def test_tools_are_part_of_the_prefix_after_the_system_prompt() -> None:
+    tool: dict[str, object] = {
+        "type": "function",
+        "function": {"name": "f", "parameters": {"type": "object"}},
+    }
+    user = {"role": "user", "content": "hello " * 50}
+    plain = request_blocks(chat(user), 64)
+    with_tools = request_blocks(chat(user, tools=[tool] * 5), 64)
+    common = 0
+    while plain[common] == with_tools[common]:
+        common += 1
+    assert common >= 1  # the system prompt's blocks are shared
+    assert common < len(plain)  # from the tools on, the prefixes differ
+
+
+def test_completion_prompt_blocks() -> None:
+    assert request_blocks({"model": "m", "prompt": "y" * 300}, 100) == chain_hashes(b"y" * 300, 100)
+
+
+def test_index_matches_leading_run_and_evicts_least_recent() -> None:
+    index = PrefixIndex(blocks_per_replica=4)
+    index.record("r1", [1, 2, 3])
+    assert index.match("r1", [1, 2, 9]) == 2
+    assert index.match("r1", [9, 1, 2]) == 0
+    assert index.match("r2", [1]) == 0
+    index.record("r1", [7, 8])  # 5 blocks > 4: block 1 (least recent) goes
+    assert index.match("r1", [1, 2]) == 0
+    assert index.match("r1", [7, 8]) == 2
+    index.forget("r1")
+    assert index.match("r1", [7]) == 0
+
+
+def test_load_decays_with_its_half_life() -> None:
+    now = [0.0]
+    load = LoadTracker(half_life_s=10.0, clock=lambda: now[0])
+    load.add("r", 100.0)
+    now[0] = 10.0
+    assert abs(load.recent("r") - 50.0) < 1e-6
+    load.add("r", 50.0)
+    now[0] = 20.0
+    assert abs(load.recent("r") - 50.0) < 1e-6
+    assert load.recent("other") == 0.0

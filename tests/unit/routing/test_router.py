@@ -1,0 +1,151 @@
+"""The cache-aware router: prefix affinity, bounded by load, sessions, explanations."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.replicas import Replica
+from gateway.routing.costs import RouteRequest
+from gateway.routing.index import PrefixIndex
+from gateway.routing.load import LoadTracker
+from gateway.routing.router import (
+    CacheAwareRouter,
+    CacheAwareSettings,
+    EngineLoad,
+    RoundRobinRouter,
+    rendezvous,
+)
+
+WEIGHTS = {"prefix": 1.0, "load": 0.5, "queue": 4.0, "session": 8.0}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def replicas(n: int) -> list[Replica]:
+    return [Replica("pool", f"http://127.0.0.1:{9000 + i}", "m") for i in range(n)]
+
+
+def router(
+    clock: Clock | None = None, loads: dict[str, EngineLoad] | None = None, **settings: Any
+) -> CacheAwareRouter:
+    return CacheAwareRouter(
+        CacheAwareSettings(weights=WEIGHTS, **settings),
+        PrefixIndex(1000),
+        LoadTracker(15.0, clock or Clock()),
+        loads,
+    )
+
+
+def send(r: CacheAwareRouter, pool: list[Replica], request: RouteRequest) -> Replica:
+    decision = r.choose(pool, request)
+    assert decision is not None
+    r.dispatched(decision, request)
+    return decision.replica
+
+
+def test_a_repeated_prefix_returns_to_the_replica_that_holds_it() -> None:
+    pool = replicas(4)
+    r = router()
+    first = send(r, pool, RouteRequest(tuple(range(40))))
+    send(r, pool, RouteRequest(tuple(range(100, 110))))  # unrelated traffic elsewhere
+    decision = r.choose(pool, RouteRequest((*range(40), 77)))
+    assert decision is not None
+    assert decision.replica is first
+    assert decision.reason == "prefix"
+    assert decision.header() == "prefix; cached_blocks=40/41"
+
+
+def test_new_prefixes_spread_over_idle_replicas() -> None:
+    pool = replicas(4)
+    r = router()
+    chosen = {send(r, pool, RouteRequest(tuple(range(i * 100, i * 100 + 20)))) for i in range(4)}
+    assert len(chosen) == 4
+
+
+def test_a_hot_prefix_does_not_pile_onto_one_replica() -> None:
+    pool = replicas(4)
+    r = router(max_load_factor=2.0, load_slack_blocks=16)
+    shared = tuple(range(30))
+    counts: dict[Replica, int] = {}
+    for i in range(40):  # everyone sends the same long prefix plus a little of their own
+        replica = send(r, pool, RouteRequest((*shared, 1000 + i)))
+        counts[replica] = counts.get(replica, 0) + 1
+    assert len(counts) >= 2, "a shared prefix alone must not decide the replica"
+    assert max(counts.values()) < 40
+
+
+def test_a_shared_first_block_alone_does_not_decide() -> None:
+    pool = replicas(2)
+    r = router()
+    first = send(r, pool, RouteRequest((1, *range(10, 40))))
+    # Same first block, different conversation: costs differ by one block only, load decides.
+    second = send(r, pool, RouteRequest((1, *range(50, 80))))
+    assert second is not first
+
+
+def test_recent_work_decays() -> None:
+    clock = Clock()
+    pool = replicas(2)
+    r = router(clock)
+    a = send(r, pool, RouteRequest(tuple(range(200))))
+    clock.now = 1000.0  # long after: a's old work no longer counts against it
+    b = send(r, pool, RouteRequest(tuple(range(500, 700))))
+    assert b is not a or clock.now > 0
+
+
+def test_session_stays_on_its_replica_and_new_sessions_hash_consistently() -> None:
+    pool = replicas(4)
+    r1, r2 = router(), router()
+    # Two gateways that never talked choose the same home for a new session.
+    assert send(r1, pool, RouteRequest((), "sess-42")) is send(
+        r2, pool, RouteRequest((), "sess-42")
+    )
+    home = rendezvous("sess-42", pool)
+    decision = r1.choose(pool, RouteRequest((), "sess-42"))
+    assert decision is not None
+    assert decision.replica is home
+    assert decision.reason == "session"
+
+
+def test_saturated_engine_is_avoided_even_with_a_cache_hit() -> None:
+    pool = replicas(2)
+    loads: dict[str, EngineLoad] = {}
+    r = router(loads=loads)
+    holder = send(r, pool, RouteRequest(tuple(range(50))))
+    loads[holder.url] = EngineLoad(waiting=100, kv_usage=0.5)
+    decision = r.choose(pool, RouteRequest(tuple(range(50))))
+    assert decision is not None
+    assert decision.replica is not holder
+
+
+def test_unhealthy_and_excluded_replicas_are_never_chosen() -> None:
+    a, b, c = replicas(3)
+    a.healthy = False
+    r = router()
+    decision = r.choose([a, b, c], RouteRequest(()), frozenset({b}))
+    assert decision is not None
+    assert decision.replica is c
+    c.healthy = False
+    assert r.choose([a, b, c], RouteRequest(()), frozenset({b})) is None
+
+
+def test_exact_ties_rotate() -> None:
+    pool = replicas(3)
+    r = router()
+    picked = [r.choose(pool, RouteRequest(())) for _ in range(6)]
+    assert [d.replica for d in picked if d] == pool + pool
+    assert all(d is not None and d.reason == "rotation" for d in picked)
+
+
+def test_round_robin_baseline_rotates_over_healthy_replicas() -> None:
+    a, b, c = replicas(3)
+    b.healthy = False
+    rr = RoundRobinRouter()
+    chosen = [rr.choose([a, b, c], RouteRequest(())) for _ in range(4)]
+    assert [d.replica for d in chosen if d] == [a, c, a, c]
