@@ -92,9 +92,7 @@ def _replay(args: argparse.Namespace) -> int:
     from gateway.replay.traces import TraceError, read_trace
 
     try:
-        routing = (
-            load_policy(args.policy).routing if args.policy else Policy.model_construct().routing
-        )
+        routing = load_policy(args.policy).routing if args.policy else RoutingSpec()
     except PolicyError as exc:
         print(exc, file=sys.stderr)
         return 2
