@@ -25,9 +25,11 @@ from gateway.errors import (
     error_response,
 )
 from gateway.health import HealthMonitor
+from gateway.metrics import GatewayMetrics
 from gateway.middleware import RequestIdMiddleware
 from gateway.pipeline import Pipeline
 from gateway.policy import Policy
+from gateway.prefix_watch import RedisFingerprints
 from gateway.replicas import Fleet
 from gateway.routing.build import build_router
 from gateway.state_store import StateStore
@@ -44,6 +46,7 @@ def create_app(
     health_checks: bool = True,
 ) -> FastAPI:
     fleet = Fleet(policy)
+    metrics = GatewayMetrics()
     state = store if store is not None else StateStore(policy.state)
     # The aiohttp session is created inside the lifespan: it binds to the running loop.
 
@@ -56,8 +59,16 @@ def create_app(
             monitor = HealthMonitor(fleet, client.session, policy.health)
             scraper = EngineMetricsScraper(fleet, client.session, policy.routing.scrape_interval_s)
         router = build_router(policy.routing, time.monotonic, scraper)
-        app.state.pipeline = Pipeline(policy, fleet, router, client)
         await state.open()
+        assert state.redis is not None
+        app.state.pipeline = Pipeline(
+            policy,
+            fleet,
+            router,
+            client,
+            fingerprints=RedisFingerprints(state.redis),
+            metrics=metrics,
+        )
         if monitor is not None and scraper is not None:
             await monitor.check_all(first=True)  # know who is up before the first request
             monitor.start()
@@ -79,7 +90,7 @@ def create_app(
         openapi_url=None,
     )
     app.add_middleware(RequestIdMiddleware)
-    app.include_router(build_api_router(policy, fleet, state))
+    app.include_router(build_api_router(policy, fleet, state, metrics))
     _install_error_handlers(app)
     return app
 

@@ -5,7 +5,7 @@ unchanged; every field the gateway does not own is passed through untouched.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
@@ -19,14 +19,17 @@ _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "functio
 @dataclass(frozen=True)
 class InboundRequest:
     endpoint: Endpoint
-    raw: bytes
+    raw: bytes | None  # the client's bytes; None once the gateway has rewritten the body
     body: dict[str, Any]
     model: str
     stream: bool
 
+    def with_body(self, body: dict[str, Any]) -> InboundRequest:
+        return replace(self, raw=None, body=body)
+
     def body_for(self, served_model: str) -> bytes:
-        """The bytes to send upstream: the client's own, unless the model name must change."""
-        if served_model == self.model:
+        """The bytes to send upstream: the client's own, unless something had to change."""
+        if served_model == self.model and self.raw is not None:
             return self.raw
         return orjson.dumps({**self.body, "model": served_model})
 

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from starlette.responses import Response
 
+from gateway.canonical import Canonicalizer, Fingerprint, fingerprint
 from gateway.conformance import conform_response
 from gateway.errors import (
     GatewayError,
@@ -21,7 +22,9 @@ from gateway.errors import (
     upstream_error_from_body,
 )
 from gateway.inbound import InboundRequest, parse_request
+from gateway.metrics import GatewayMetrics
 from gateway.policy import Endpoint, Policy
+from gateway.prefix_watch import FingerprintStore
 from gateway.relay import RelayResponse, StreamRelay
 from gateway.replicas import Fleet, Pool, Replica
 from gateway.routing.blocks import request_blocks
@@ -51,33 +54,86 @@ class _Dispatch:
     decision: Decision
     response: UpstreamResponse
     deadline: float
+    extra_headers: dict[str, str] = field(default_factory=dict)
 
     @property
     def replica(self) -> Replica:
         return self.decision.replica
 
     def headers(self) -> dict[str, str]:
-        return {"X-Gateway-Replica": self.replica.id, "X-Gateway-Route": self.decision.header()}
+        return {
+            "X-Gateway-Replica": self.replica.id,
+            "X-Gateway-Route": self.decision.header(),
+            **self.extra_headers,
+        }
 
 
 class Pipeline:
-    def __init__(self, policy: Policy, fleet: Fleet, router: Router, upstream: Upstream) -> None:
+    def __init__(
+        self,
+        policy: Policy,
+        fleet: Fleet,
+        router: Router,
+        upstream: Upstream,
+        *,
+        fingerprints: FingerprintStore,
+        metrics: GatewayMetrics,
+    ) -> None:
         self._policy = policy
         self._fleet = fleet
         self._router = router
         self._upstream = upstream
+        self._fingerprints = fingerprints
+        self._metrics = metrics
         self._prefix_routing = policy.routing.strategy == "cache_aware"
+        self._canonical = {
+            alias: (spec := model.canonicalize or policy.canonicalize, Canonicalizer(spec))
+            for alias, model in policy.models.items()
+        }
 
     async def handle(
         self, endpoint: Endpoint, raw_body: bytes, context: RequestContext
     ) -> Response:
         request = parse_request(endpoint, raw_body)
         pool = self._fleet.pool_for(request.model, endpoint)
+        request = self._canonicalise(request)
+        prefix_changes = await self._prefix_changes(request, context)
         route = self._route_request(request, context)
         dispatch = await self._dispatch(pool, request, route, context)
+        self._record_route(pool, dispatch.decision)
+        if prefix_changes:
+            dispatch.extra_headers["X-Gateway-Prefix-Change"] = ",".join(prefix_changes)
         if request.stream:
             return self._relay_stream(request, dispatch)
         return await self._relay_whole(dispatch)
+
+    def _canonicalise(self, request: InboundRequest) -> InboundRequest:
+        if request.endpoint is not Endpoint.chat:
+            return request
+        _, canonicalizer = self._canonical[request.model]
+        canonical = canonicalizer.apply(request.body)
+        return request if canonical is None else request.with_body(canonical)
+
+    async def _prefix_changes(self, request: InboundRequest, context: RequestContext) -> list[str]:
+        spec, _ = self._canonical[request.model]
+        if context.session_id is None or request.endpoint is not Endpoint.chat:
+            return []
+        if not spec.detect_prefix_changes:
+            return []
+        current = fingerprint(request.body)
+        previous_text = await self._fingerprints.swap(context.session_id, current.encode())
+        previous = Fingerprint.decode(previous_text) if previous_text else None
+        changes = current.changes_from(previous) if previous else []
+        for part in changes:
+            self._metrics.prefix_changes.labels(request.model, part).inc()
+        return changes
+
+    def _record_route(self, pool: Pool, decision: Decision) -> None:
+        self._metrics.route_decisions.labels(pool.name, decision.reason).inc()
+        if decision.total_blocks:
+            blocks = self._metrics.prefix_blocks
+            blocks.labels(pool.name, "yes").inc(decision.cached_blocks)
+            blocks.labels(pool.name, "no").inc(decision.total_blocks - decision.cached_blocks)
 
     def _route_request(self, request: InboundRequest, context: RequestContext) -> RouteRequest:
         blocks: tuple[int, ...] = ()

@@ -12,6 +12,7 @@ from starlette.responses import Response
 
 from gateway.api.body import read_body
 from gateway.errors import ModelNotFound
+from gateway.metrics import GatewayMetrics
 from gateway.pipeline import Pipeline, RequestContext
 from gateway.policy import Endpoint, Policy
 from gateway.replicas import Fleet
@@ -22,7 +23,9 @@ def _json(data: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(data), status_code=status, media_type="application/json")
 
 
-def build_api_router(policy: Policy, fleet: Fleet, store: StateStore) -> APIRouter:
+def build_api_router(
+    policy: Policy, fleet: Fleet, store: StateStore, metrics: GatewayMetrics
+) -> APIRouter:
     router = APIRouter()
     limit = policy.limits.max_body_bytes
     created = int(time.time())
@@ -60,6 +63,10 @@ def build_api_router(policy: Policy, fleet: Fleet, store: StateStore) -> APIRout
         if alias not in fleet.models:
             raise ModelNotFound(f"The model `{alias}` does not exist.", param="model")
         return _json(model_card(alias))
+
+    @router.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        return Response(metrics.render(), media_type=metrics.content_type)
 
     @router.get("/healthz")
     async def healthz() -> Response:

@@ -6,11 +6,14 @@ objects (pools with live replica state) from them once, at start-up.
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+from gateway.policy.volatile_presets import PRESETS
 
 
 class Strict(BaseModel):
@@ -99,6 +102,46 @@ class RoutingSpec(Strict):
     scrape_interval_s: float = Field(1.0, gt=0, description="How often engines' /metrics are read.")
 
 
+class VolatilePattern(Strict):
+    name: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]*$")] = Field(
+        description="Placeholder name; without `regex`, a preset: " + ", ".join(sorted(PRESETS))
+    )
+    regex: str | None = Field(None, description="Python regex; defaults to the preset's.")
+
+    @model_validator(mode="after")
+    def _regex_or_preset(self) -> VolatilePattern:
+        if self.regex is None and self.name not in PRESETS:
+            raise ValueError(
+                f"no preset named {self.name!r}: give a regex or one of {sorted(PRESETS)}"
+            )
+        if self.regex is not None:
+            try:
+                re.compile(self.regex)
+            except re.error as exc:
+                raise ValueError(f"not a valid regex: {exc}") from None
+        return self
+
+
+class VolatileSpec(Strict):
+    patterns: tuple[VolatilePattern, ...] = Field(min_length=1)
+    placement: Literal["trailing_system", "last_user"] = Field(
+        "trailing_system",
+        description="Where the cut values go: a final system note, or the last user message.",
+    )
+    note_prefix: str = "Current values:"
+
+
+class CanonicalizeSpec(Strict):
+    sort_tools: bool = Field(True, description="Order tools by function name.")
+    sort_schema_keys: bool = Field(True, description="Serialise tool schemas with sorted keys.")
+    volatile: VolatileSpec | None = Field(
+        None, description="Move volatile values out of the system prompt (off unless set)."
+    )
+    detect_prefix_changes: bool = Field(
+        True, description="Report, per session, when the system prompt or tools change."
+    )
+
+
 class StateSpec(Strict):
     redis_url: str = Field(
         "",
@@ -138,6 +181,9 @@ class ModelSpec(Strict):
 
     pool: Name
     description: str = ""
+    canonicalize: CanonicalizeSpec | None = Field(
+        None, description="Overrides the top-level `canonicalize` for this model."
+    )
 
 
 class Policy(Strict):
@@ -148,5 +194,6 @@ class Policy(Strict):
     health: HealthSpec = HealthSpec()
     state: StateSpec = StateSpec()
     routing: RoutingSpec = RoutingSpec()
+    canonicalize: CanonicalizeSpec = CanonicalizeSpec()
     pools: dict[Name, PoolSpec] = Field(min_length=1)
     models: dict[Name, ModelSpec] = Field(min_length=1)

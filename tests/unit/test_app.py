@@ -3,6 +3,7 @@ error mapping, size limits, failover on refused connections, readiness."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Iterator
 
 import orjson
@@ -270,3 +271,52 @@ def test_bad_input_is_a_clean_4xx_never_a_500(make_client: Client, body: bytes) 
     assert error["message"]
     assert "Traceback" not in response.text
     assert fake.calls == []
+
+
+def test_routing_is_explained_in_headers(make_client: Client) -> None:
+    client, _ = make_client(ok)
+    long_chat = {
+        **CHAT,
+        "messages": [
+            {"role": "system", "content": "rules " * 250},
+            {"role": "user", "content": "x"},
+        ],
+    }
+    first = client.post("/v1/chat/completions", json=long_chat)
+    second = client.post("/v1/chat/completions", json=long_chat)
+    assert second.headers["x-gateway-replica"] == first.headers["x-gateway-replica"]
+    assert second.headers["x-gateway-route"].startswith("prefix; cached_blocks=")
+
+
+def test_tools_reach_the_engine_canonically_ordered(make_client: Client) -> None:
+    client, fake = make_client(ok)
+    tools = [
+        {
+            "type": "function",
+            "function": {"name": n, "parameters": {"type": "object", "properties": {}}},
+        }
+        for n in ("zeta", "alpha")
+    ]
+    client.post("/v1/chat/completions", json={**CHAT, "tools": tools})
+    sent = orjson.loads(fake.calls[0].body)
+    assert [t["function"]["name"] for t in sent["tools"]] == ["alpha", "zeta"]
+    assert list(sent["tools"][0]["function"]) == ["name", "parameters"]
+
+
+def test_prefix_change_within_a_session_is_reported(make_client: Client) -> None:
+    client, _ = make_client(ok)
+    session = {"X-Session-Id": f"sess-{uuid.uuid4().hex}"}
+    tool = {"type": "function", "function": {"name": "lookup"}}
+    first = client.post("/v1/chat/completions", json={**CHAT, "tools": [tool]}, headers=session)
+    same = client.post("/v1/chat/completions", json={**CHAT, "tools": [tool]}, headers=session)
+    more_tools = client.post(
+        "/v1/chat/completions",
+        json={**CHAT, "tools": [tool, {"type": "function", "function": {"name": "book"}}]},
+        headers=session,
+    )
+    assert "x-gateway-prefix-change" not in first.headers
+    assert "x-gateway-prefix-change" not in same.headers
+    assert more_tools.headers["x-gateway-prefix-change"] == "tools"
+    metrics = client.get("/metrics").text
+    assert 'gateway_prefix_changes_total{model="tiny",part="tools"} 1.0' in metrics
+    assert "gateway_route_decisions_total" in metrics

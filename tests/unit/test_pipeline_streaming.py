@@ -11,8 +11,10 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import StreamingResponse
 from starlette.types import Message, Scope
 
+from gateway.metrics import GatewayMetrics
 from gateway.pipeline import Pipeline, RequestContext
 from gateway.policy import Endpoint, parse_policy
+from gateway.prefix_watch import MemoryFingerprints
 from gateway.replicas import Fleet
 from gateway.routing.router import RoundRobinRouter
 from tests.fakes import Call, FakeUpstream, Scripted
@@ -21,6 +23,17 @@ POLICY = parse_policy(
     "pools: {p: {served_model: m, replicas: [{url: 'http://a.test:1'}]}}\nmodels: {m: {pool: p}}\n"
 )
 BODY = b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": true}'
+
+
+def make_pipeline(fleet: Fleet, upstream: FakeUpstream) -> Pipeline:
+    return Pipeline(
+        POLICY,
+        fleet,
+        RoundRobinRouter(),
+        upstream,
+        fingerprints=MemoryFingerprints(),
+        metrics=GatewayMetrics(),
+    )
 
 
 class GatedUpstream(FakeUpstream):
@@ -44,7 +57,7 @@ class GatedUpstream(FakeUpstream):
 async def test_each_event_is_forwarded_before_the_next_one_exists() -> None:
     upstream = GatedUpstream()
     fleet = Fleet(POLICY)
-    pipeline = Pipeline(POLICY, fleet, RoundRobinRouter(), upstream)
+    pipeline = make_pipeline(fleet, upstream)
     response = await pipeline.handle(Endpoint.chat, BODY, RequestContext("rid"))
     assert isinstance(response, StreamingResponse)
     events = cast(AsyncGenerator[bytes, None], response.body_iterator)
@@ -64,7 +77,7 @@ async def test_each_event_is_forwarded_before_the_next_one_exists() -> None:
 async def test_client_going_away_aborts_the_engine_request() -> None:
     upstream = GatedUpstream()
     fleet = Fleet(POLICY)
-    pipeline = Pipeline(POLICY, fleet, RoundRobinRouter(), upstream)
+    pipeline = make_pipeline(fleet, upstream)
     response = await pipeline.handle(Endpoint.chat, BODY, RequestContext("rid"))
     assert isinstance(response, StreamingResponse)
     events = cast(AsyncGenerator[bytes, None], response.body_iterator)
@@ -84,7 +97,7 @@ def test_fake_is_scripted_per_call() -> None:
 async def test_response_cancelled_before_its_first_byte_still_frees_the_replica() -> None:
     upstream = GatedUpstream()
     fleet = Fleet(POLICY)
-    pipeline = Pipeline(POLICY, fleet, RoundRobinRouter(), upstream)
+    pipeline = make_pipeline(fleet, upstream)
     response = await pipeline.handle(Endpoint.chat, BODY, RequestContext("rid"))
     assert fleet.pools["p"].replicas[0].inflight == 1
 

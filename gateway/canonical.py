@@ -1,0 +1,142 @@
+"""Prompt canonicalisation: the same meaning renders the same bytes, so the engine's
+prefix cache sees the same prefix.
+
+- Tools are sorted by function name and every schema is rebuilt with sorted keys (JSON
+  object order carries no meaning). Agent frameworks reorder both between turns, and a
+  reordered tool list invalidates every cached block after the system prompt.
+- Volatile values declared in the policy (dates, times, UUIDs, ids) are cut out of the
+  first system message, which then stays byte-identical across requests; the values
+  follow in a note after the conversation. Off unless the policy turns it on for a model,
+  because it moves text the model reads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from gateway.policy.schema import CanonicalizeSpec
+from gateway.policy.volatile_presets import PRESETS
+
+
+def sorted_keys(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: sorted_keys(value[k]) for k in sorted(value)}
+    if isinstance(value, list):
+        return [sorted_keys(v) for v in value]
+    return value
+
+
+def _tool_name(tool: Any) -> str:
+    if isinstance(tool, dict):
+        function = tool.get("function")
+        name = function.get("name") if isinstance(function, dict) else None
+        if isinstance(name, str):
+            return name
+    return ""
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """What a session's stable prefix looked like: compared turn to turn."""
+
+    system: str
+    tools: str
+
+    def changes_from(self, previous: Fingerprint) -> list[str]:
+        return [
+            part for part in ("system", "tools") if getattr(self, part) != getattr(previous, part)
+        ]
+
+    def encode(self) -> str:
+        return f"{self.system}:{self.tools}"
+
+    @classmethod
+    def decode(cls, text: str) -> Fingerprint | None:
+        system, sep, tools = text.partition(":")
+        return cls(system, tools) if sep else None
+
+
+class Canonicalizer:
+    def __init__(self, spec: CanonicalizeSpec) -> None:
+        self._spec = spec
+        volatile = spec.volatile
+        self._patterns: list[tuple[str, re.Pattern[str]]] = []
+        if volatile is not None:
+            for item in volatile.patterns:
+                self._patterns.append((item.name, re.compile(item.regex or PRESETS[item.name])))
+
+    def apply(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        """The canonical body, or None when the request is already canonical."""
+        changed = False
+        tools = body.get("tools")
+        if (
+            isinstance(tools, list)
+            and tools
+            and (self._spec.sort_tools or self._spec.sort_schema_keys)
+        ):
+            canonical = list(tools)
+            if self._spec.sort_tools:
+                canonical.sort(key=_tool_name)
+            if self._spec.sort_schema_keys:
+                canonical = [sorted_keys(t) for t in canonical]
+            if orjson.dumps(canonical) != orjson.dumps(tools):
+                body = {**body, "tools": canonical}
+                changed = True
+        if self._patterns:
+            moved = self._move_volatile(body)
+            if moved is not None:
+                body, changed = moved, True
+        return body if changed else None
+
+    def _move_volatile(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            return None
+        first = messages[0]
+        if not isinstance(first, dict) or first.get("role") not in ("system", "developer"):
+            return None
+        content = first.get("content")
+        if not isinstance(content, str):
+            return None
+        found: list[str] = []
+        for name, pattern in self._patterns:
+
+            def cut(match: re.Match[str], name: str = name) -> str:
+                found.append(f"{name}={match.group(0)}")
+                return f"[{name}]"
+
+            content = pattern.sub(cut, content)
+        if not found:
+            return None
+        volatile = self._spec.volatile
+        assert volatile is not None
+        note = f"{volatile.note_prefix} {'; '.join(found)}"
+        rest = [{**first, "content": content}, *messages[1:]]
+        if volatile.placement == "trailing_system":
+            rest.append({"role": "system", "content": note})
+        else:  # last_user: appended to the last user message, the end of the prompt
+            for i in range(len(rest) - 1, 0, -1):
+                message = rest[i]
+                if message.get("role") == "user" and isinstance(message.get("content"), str):
+                    rest[i] = {**message, "content": f"{message['content']}\n\n{note}"}
+                    break
+            else:
+                rest.append({"role": "user", "content": note})
+        return {**body, "messages": rest}
+
+
+def fingerprint(body: dict[str, Any]) -> Fingerprint:
+    def digest(value: Any) -> str:
+        return hashlib.blake2b(orjson.dumps(value), digest_size=8).hexdigest()
+
+    messages = body.get("messages")
+    system: Any = None
+    first = messages[0] if isinstance(messages, list) and messages else None
+    if isinstance(first, dict) and first.get("role") in ("system", "developer"):
+        system = first.get("content")
+    return Fingerprint(digest(system), digest(body.get("tools")))

@@ -1,0 +1,37 @@
+"""Prometheus metrics, one registry per app (no process-global state).
+
+The observability issue grows this; today it counts routing decisions and prefix changes.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+
+class GatewayMetrics:
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.route_decisions = Counter(
+            "gateway_route_decisions",
+            "Replica choices, by pool and the reason that decided them.",
+            ["pool", "reason"],
+            registry=self.registry,
+        )
+        self.prefix_blocks = Counter(
+            "gateway_prefix_blocks",
+            "Prompt prefix blocks routed, by pool and whether the chosen replica held them.",
+            ["pool", "cached"],
+            registry=self.registry,
+        )
+        self.prefix_changes = Counter(
+            "gateway_prefix_changes",
+            "Turns whose stable prefix differed from the session's previous turn, by part.",
+            ["model", "part"],
+            registry=self.registry,
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

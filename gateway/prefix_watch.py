@@ -1,0 +1,56 @@
+"""Noticing when a session's stable prefix changes between turns.
+
+A changed system prompt or tool set throws away every cached block after it; agents do it
+by accident (a timestamp, a tool added mid-session). Each turn's fingerprint is swapped
+into the state store atomically (`SET ... GET`), so every gateway replica sees the same
+history, and the parts that changed are reported in a header and a metric.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Protocol
+
+import redis.asyncio as aioredis
+
+log = logging.getLogger(__name__)
+
+
+class FingerprintStore(Protocol):
+    async def swap(self, session: str, fingerprint: str) -> str | None:
+        """Store this turn's fingerprint; return the previous turn's, if any."""
+        ...
+
+
+class RedisFingerprints:
+    def __init__(
+        self, redis: aioredis.Redis, *, ttl_s: int = 86_400, namespace: str = "default"
+    ) -> None:
+        self._redis = redis
+        self._ttl_s = ttl_s
+        self._prefix = f"agw:{namespace}:prefix:"
+
+    async def swap(self, session: str, fingerprint: str) -> str | None:
+        try:
+            previous = await self._redis.set(
+                self._prefix + session, fingerprint, ex=self._ttl_s, get=True
+            )
+        except (aioredis.RedisError, OSError) as exc:
+            # Detection is advisory: a store outage must not fail the request.
+            log.warning("prefix fingerprint not stored: %s", exc)
+            return None
+        if previous is None:
+            return None
+        return previous.decode() if isinstance(previous, bytes) else str(previous)
+
+
+class MemoryFingerprints:
+    """In-memory twin for unit tests."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, str] = {}
+
+    async def swap(self, session: str, fingerprint: str) -> str | None:
+        previous = self.seen.get(session)
+        self.seen[session] = fingerprint
+        return previous
