@@ -8,6 +8,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
@@ -31,6 +32,7 @@ from gateway.pipeline import Pipeline
 from gateway.policy import Policy
 from gateway.prefix_watch import RedisFingerprints
 from gateway.replicas import Fleet
+from gateway.request_log import RequestLog
 from gateway.routing.build import build_router
 from gateway.state_store import StateStore
 from gateway.upstream import AiohttpUpstream, Upstream
@@ -61,6 +63,8 @@ def create_app(
         router = build_router(policy.routing, time.monotonic, scraper)
         await state.open()
         assert state.redis is not None
+        log_path = policy.routing.request_log
+        request_log = RequestLog(Path(log_path)) if log_path else None
         app.state.pipeline = Pipeline(
             policy,
             fleet,
@@ -68,6 +72,7 @@ def create_app(
             client,
             fingerprints=RedisFingerprints(state.redis),
             metrics=metrics,
+            request_log=request_log,
         )
         if monitor is not None and scraper is not None:
             await monitor.check_all(first=True)  # know who is up before the first request
@@ -80,6 +85,8 @@ def create_app(
                 await monitor.stop()
                 await scraper.stop()
             await client.close()
+            if request_log is not None:
+                request_log.close()
             await state.close()
 
     app = FastAPI(

@@ -27,6 +27,7 @@ from gateway.policy import Endpoint, Policy
 from gateway.prefix_watch import FingerprintStore
 from gateway.relay import RelayResponse, StreamRelay
 from gateway.replicas import Fleet, Pool, Replica
+from gateway.request_log import RequestLog
 from gateway.routing.blocks import request_blocks
 from gateway.routing.costs import RouteRequest
 from gateway.routing.router import Decision, Router
@@ -78,7 +79,9 @@ class Pipeline:
         *,
         fingerprints: FingerprintStore,
         metrics: GatewayMetrics,
+        request_log: RequestLog | None = None,
     ) -> None:
+        self._request_log = request_log
         self._policy = policy
         self._fleet = fleet
         self._router = router
@@ -101,6 +104,8 @@ class Pipeline:
         route = self._route_request(request, context)
         dispatch = await self._dispatch(pool, request, route, context)
         self._record_route(pool, dispatch.decision)
+        if self._request_log is not None:
+            self._request_log.write(request.model, route, dispatch.decision)
         if prefix_changes:
             dispatch.extra_headers["X-Gateway-Prefix-Change"] = ",".join(prefix_changes)
         if request.stream:

@@ -124,16 +124,22 @@ def _reference_problems(data: dict[str, Any], lines: _LineIndex) -> list[PolicyP
 
 
 def _resolve_paths(policy: Policy, base_dir: Path) -> Policy:
-    """Relative `engine_state` paths are relative to the policy file, not the cwd."""
+    """Relative paths in a policy are relative to the policy file, not the cwd."""
+
+    def resolve(path: str) -> str:
+        return path if Path(path).is_absolute() else str((base_dir / path).resolve())
+
     pools = {
-        name: pool.model_copy(
-            update={"engine_state": str((base_dir / pool.engine_state).resolve())}
-        )
-        if pool.engine_state and not Path(pool.engine_state).is_absolute()
+        name: pool.model_copy(update={"engine_state": resolve(pool.engine_state)})
+        if pool.engine_state
         else pool
         for name, pool in policy.pools.items()
     }
-    return policy.model_copy(update={"pools": pools})
+    state = policy.state.model_copy(update={"embedded_dir": resolve(policy.state.embedded_dir)})
+    routing = policy.routing
+    if routing.request_log:
+        routing = routing.model_copy(update={"request_log": resolve(routing.request_log)})
+    return policy.model_copy(update={"pools": pools, "state": state, "routing": routing})
 
 
 class _EnvMissing(Exception):

@@ -100,6 +100,9 @@ class RoutingSpec(Strict):
         0.98, gt=0, le=1, description="KV usage at which a replica is saturated."
     )
     scrape_interval_s: float = Field(1.0, gt=0, description="How often engines' /metrics are read.")
+    request_log: str | None = Field(
+        None, description="JSONL file of routed requests, for `gateway replay` (off if unset)."
+    )
 
 
 class VolatilePattern(Strict):

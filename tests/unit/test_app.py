@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import orjson
 import pytest
@@ -12,6 +13,7 @@ from starlette.testclient import TestClient
 
 from gateway.app import create_app
 from gateway.policy import Policy, parse_policy
+from gateway.replay.traces import read_trace
 from gateway.state_store import StateStore
 from tests.fakes import Call, FakeUpstream, Scripted
 
@@ -320,3 +322,28 @@ def test_prefix_change_within_a_session_is_reported(make_client: Client) -> None
     metrics = client.get("/metrics").text
     assert 'gateway_prefix_changes_total{model="tiny",part="tools"} 1.0' in metrics
     assert "gateway_route_decisions_total" in metrics
+
+
+def test_request_log_feeds_gateway_replay(redis_url: str, tmp_path: Path) -> None:
+    log = tmp_path / "routes.jsonl"
+    policy = parse_policy(
+        POLICY + f"state: {{redis_url: '{redis_url}'}}\nrouting: {{request_log: '{log}'}}\n"
+    )
+    fake = FakeUpstream(ok)
+    long_chat = {
+        **CHAT,
+        "messages": [
+            {"role": "system", "content": "rules " * 250},
+            {"role": "user", "content": "x"},
+        ],
+    }
+    with TestClient(create_app(policy, upstream=fake, store=StateStore(policy.state))) as client:
+        for _ in range(3):
+            client.post("/v1/chat/completions", json=long_chat, headers={"X-Session-Id": "s1"})
+    entries = [orjson.loads(line) for line in log.read_text().splitlines()]
+    assert len(entries) == 3
+    assert entries[0]["session"] == "s1"
+    assert entries[0]["blocks"] == entries[2]["blocks"]
+    assert entries[2]["cached_blocks"] == len(entries[2]["blocks"])
+    trace = list(read_trace(log, block_tokens=128))
+    assert [t.blocks for t in trace] == [tuple(e["blocks"]) for e in entries]

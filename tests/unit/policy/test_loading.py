@@ -170,13 +170,14 @@ def test_missing_environment_variable_is_rejected(tmp_path: Path) -> None:
     assert "pools.chat.replicas[0].url: environment variable NO_SUCH_VAR_Y is not set" in message
 
 
-def test_relative_engine_state_is_relative_to_the_policy_file(tmp_path: Path) -> None:
+def test_relative_paths_are_relative_to_the_policy_file(tmp_path: Path) -> None:
     path = tmp_path / "p.yaml"
-    path.write_text(
-        VALID.replace("    tier: small\n", "    tier: small\n    engine_state: run/state.json\n")
-    )
+    text = VALID.replace("    tier: small\n", "    tier: small\n    engine_state: run/state.json\n")
+    path.write_text(text + "state: {embedded_dir: data}\nrouting: {request_log: logs/r.jsonl}\n")
     policy = load_policy(path)
     assert policy.pools["chat"].engine_state == str(tmp_path / "run" / "state.json")
+    assert policy.state.embedded_dir == str(tmp_path / "data")
+    assert policy.routing.request_log == str(tmp_path / "logs" / "r.jsonl")
 
 
 def test_unreadable_file_is_reported(tmp_path: Path) -> None:

@@ -1,0 +1,282 @@
+"""Benchmark: tau-bench agent conversations replayed turn by turn through routers in
+front of the same 2 real `cpu-tiny` vLLM replicas, in one run.
+
+    .venv/bin/python -m tests.bench.tau_routing [--conversations 24] [--out FILE]   (make bench-routing)
+
+For every assistant turn of every conversation the request is the conversation so far
+plus the domain's tools (max_tokens=1); conversations run 4 at a time, each turn after the
+previous one, as agents do. Each target starts with empty prefix caches
+(`POST /reset_prefix_cache`, vLLM's dev mode). The figure that matters is what the engines
+report: uncached prompt tokens, sum(prompt_tokens - cached_tokens).
+
+Targets: the gateway (cache-aware), the gateway set to round-robin, the Rust
+`vllm-router --policy cache_aware` (its own cached virtual environment), and the gateway
+with the client shuffling tool order on every request, with and without canonicalisation.
+Prints a table and writes JSON. A benchmark, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from engine.cli import resolve_model
+from engine.profiles import load_profile
+from engine.supervisor import ROOT, Launch, Paths, down, up
+
+DATA = ROOT.parent / "shared" / "data" / "agent-trajectories" / "tau_bench_airline_dev.jsonl"
+ROUTER_VERSION = "0.1.17"
+CONCURRENCY = 4
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    kind: str  # gateway | vllm-router
+    strategy: str = "cache_aware"
+    canonicalize: bool = True
+    shuffle_tools: bool = False
+
+
+TARGETS = [
+    Target("gateway cache-aware", "gateway"),
+    Target("gateway round-robin", "gateway", strategy="round_robin"),
+    Target("vllm-router cache_aware", "vllm-router"),
+    Target("gateway, tools shuffled", "gateway", shuffle_tools=True),
+    Target(
+        "gateway, tools shuffled, no canonicalisation",
+        "gateway",
+        canonicalize=False,
+        shuffle_tools=True,
+    ),
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def conversations(limit: int, max_chars: int) -> list[list[dict[str, Any]]]:
+    """Per conversation, the request bodies of its assistant turns, in order."""
+    out: list[list[dict[str, Any]]] = []
+    with DATA.open() as lines:
+        for line in lines:
+            if len(out) == limit:
+                break
+            record = json.loads(line)
+            turns: list[dict[str, Any]] = []
+            for i, message in enumerate(record["messages"]):
+                if message["role"] != "assistant":
+                    continue
+                history = record["messages"][:i]
+                if len(json.dumps(history)) > max_chars:
+                    break
+                turns.append({"messages": history, "tools": record["tools"]})
+            out.append(turns)
+    return out
+
+
+def router_binary() -> Path:
+    """vllm-router in its own environment, cached outside the checkout."""
+    cache = Path(os.environ.get("AGW_CACHE", Path.home() / ".cache" / "agent-gateway"))
+    venv = cache / f"bench-vllm-router-{ROUTER_VERSION}"
+    binary = venv / "bin" / "vllm-router"
+    if not binary.exists():
+        print(f"bench: installing vllm-router {ROUTER_VERSION} into {venv}", flush=True)
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run(
+            [str(venv / "bin" / "pip"), "install", "-q", f"vllm-router=={ROUTER_VERSION}"],
+            check=True,
+        )
+    return binary
+
+
+def wait_http(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{url}: process exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=1):
+                return
+        except OSError:
+            time.sleep(0.3)
+    raise RuntimeError(f"{url} did not come up")
+
+
+def start_target(
+    target: Target, workers: list[str], work: Path
+) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    log = (work / f"{target.name.replace(' ', '_').replace(',', '')}.log").open("wb")
+    if target.kind == "vllm-router":
+        cmd = [str(router_binary()), "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *workers,
+               "--policy", "cache_aware", "--log-level", "warning"]  # fmt: skip
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        wait_http(f"http://127.0.0.1:{port}/health", proc)
+        return proc, f"http://127.0.0.1:{port}/v1"
+    policy = work / f"policy-{port}.yaml"
+    replicas = ", ".join(f'{{url: "{w}"}}' for w in workers)
+    policy.write_text(
+        f"""version: 1
+state: {{embedded_dir: "{work / f"state-{port}"}"}}
+routing: {{strategy: {target.strategy}}}
+canonicalize: {{sort_tools: {str(target.canonicalize).lower()}, sort_schema_keys: {str(target.canonicalize).lower()}}}
+pools: {{tiny: {{served_model: tiny, replicas: [{replicas}]}}}}
+models: {{tiny: {{pool: tiny}}}}
+"""
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "gateway",
+        "serve",
+        "--policy",
+        str(policy),
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+    ]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    wait_http(f"http://127.0.0.1:{port}/readyz", proc)
+    return proc, f"http://127.0.0.1:{port}/v1"
+
+
+async def run_workload(
+    base: str, convs: list[list[dict[str, Any]]], shuffle: bool
+) -> dict[str, float]:
+    totals: dict[str, float] = {"requests": 0, "prompt_tokens": 0, "cached_tokens": 0, "errors": 0}
+    rng = random.Random(1234)
+    queue: asyncio.Queue[list[dict[str, Any]]] = asyncio.Queue()
+    for conv in convs:
+        queue.put_nowait(conv)
+
+    async def agent(client: httpx.AsyncClient, session: int) -> None:
+        while not queue.empty():
+            conv = queue.get_nowait()
+            for turn in conv:
+                tools = list(turn["tools"])
+                if shuffle:
+                    rng.shuffle(tools)
+                body = {"model": "tiny", "messages": turn["messages"], "tools": tools,
+                        "tool_choice": "none", "max_tokens": 1, "temperature": 0}  # fmt: skip
+                response = await client.post(f"{base}/chat/completions", json=body)
+                if response.status_code != 200:
+                    totals["errors"] += 1
+                    continue
+                usage = response.json()["usage"]
+                totals["requests"] += 1
+                totals["prompt_tokens"] += usage["prompt_tokens"]
+                totals["cached_tokens"] += (usage.get("prompt_tokens_details") or {}).get(
+                    "cached_tokens"
+                ) or 0
+
+    async with httpx.AsyncClient(timeout=600) as client:
+        await asyncio.gather(*(agent(client, i) for i in range(CONCURRENCY)))
+    totals["uncached_tokens"] = totals["prompt_tokens"] - totals["cached_tokens"]
+    totals["cached_share"] = round(totals["cached_tokens"] / max(1, totals["prompt_tokens"]), 4)
+    return totals
+
+
+def reset_caches(workers: list[str]) -> None:
+    for url in workers:
+        urllib.request.urlopen(
+            urllib.request.Request(f"{url}/reset_prefix_cache", method="POST"), timeout=30
+        ).read()
+
+
+@dataclass
+class Engines:
+    paths: Paths
+    urls: list[str]
+
+
+def start_engines(work: Path) -> Iterator[Engines]:
+    paths = Paths.under(work / "engines")
+    profile = load_profile("cpu-tiny")
+    os.environ["VLLM_SERVER_DEV_MODE"] = "1"  # enables POST /reset_prefix_cache
+    records = up(
+        [Launch(profile, 2, resolve_model(profile, None, paths))], paths=paths, timeout_s=900
+    )
+    try:
+        yield Engines(paths, [r.url for r in records])
+    finally:
+        down(paths)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--conversations", type=int, default=24)
+    parser.add_argument("--max-context-chars", type=int, default=30_000)
+    parser.add_argument("--out", default=str(ROOT / ".run" / "bench" / "tau-routing.json"))
+    args = parser.parse_args()
+    convs = conversations(args.conversations, args.max_context_chars)
+    print(
+        f"bench: {len(convs)} tau-bench conversations, {sum(map(len, convs))} turns, {CONCURRENCY} at a time",
+        flush=True,
+    )
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="agw-bench-") as tmp:
+        work = Path(tmp)
+        for engines in start_engines(work):
+            for target in TARGETS:
+                reset_caches(engines.urls)
+                proc, base = start_target(target, engines.urls, work)
+                try:
+                    began = time.monotonic()
+                    figures = asyncio.run(run_workload(base, convs, target.shuffle_tools))
+                    figures["seconds"] = round(time.monotonic() - began, 1)
+                finally:
+                    proc.terminate()
+                    proc.wait(timeout=30)
+                results[target.name] = figures
+                print(f"bench: {target.name:<46} uncached {figures['uncached_tokens']:>9,}  "
+                      f"cached share {figures['cached_share']:.3f}  ({figures['seconds']}s)", flush=True)  # fmt: skip
+    ours = results["gateway cache-aware"]["uncached_tokens"]
+    summary = {
+        "uncached_vs_round_robin": round(
+            ours / max(1, results["gateway round-robin"]["uncached_tokens"]), 3
+        ),
+        "uncached_vs_vllm_router": round(
+            ours / max(1, results["vllm-router cache_aware"]["uncached_tokens"]), 3
+        ),
+        "shuffled_cached_share_drop_points": round(
+            100
+            * (
+                results["gateway cache-aware"]["cached_share"]
+                - results["gateway, tools shuffled"]["cached_share"]
+            ),
+            2,
+        ),
+    }
+    report = {"conversations": len(convs), "turns": sum(map(len, convs)), "concurrency": CONCURRENCY,
+              "replicas": 2, "profile": "cpu-tiny", "targets": results, "summary": summary}  # fmt: skip
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(summary, indent=2))
+    print(f"bench: wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
