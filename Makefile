@@ -8,12 +8,13 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: run test check lint typecheck unit integration engine-env schema engine-validate clean help
+.PHONY: run test check lint typecheck unit integration engine-env schema engine-validate clean help bench-routing
 
 help:
 	@echo "make run    - engines + gateway on http://127.0.0.1:8080 (Ctrl-C stops all)"
 	@echo "make test   - the whole suite: lint, types, unit, contract and real-vLLM integration"
 	@echo "make schema - regenerate policies/policy.schema.json from the policy models"
+	@echo "make bench-routing - trace replay, routing overhead, tau-bench on real vLLM (about 15 min)"
 
 $(STAMP): pyproject.toml
 	@echo "setup: gateway environment $(VENV)"
@@ -48,6 +49,19 @@ integration: $(STAMP) engine-env
 
 test: $(STAMP) engine-env check
 	@$(BIN)/pytest -v --durations=10
+
+MOONCAKE := ../shared/data/mooncake/synthetic_trace.jsonl
+
+# Routing benchmarks (not tests): trace replay, decision overhead, tau-bench on real vLLM.
+bench-routing: $(STAMP) engine-env
+	@mkdir -p .run/bench
+	@for m in 10000 2000; do \
+	  echo "replay: Mooncake trace, 8 replicas x $$m blocks"; \
+	  $(BIN)/gateway replay --trace $(MOONCAKE) --replicas 8 --cache-blocks $$m; \
+	  $(BIN)/gateway replay --trace $(MOONCAKE) --replicas 8 --cache-blocks $$m --json > .run/bench/replay-$$m.json; \
+	done
+	@$(BIN)/python -m tests.bench.routing_overhead
+	@$(BIN)/python -m tests.bench.tau_routing
 
 schema: $(STAMP)
 	@$(BIN)/gateway policy schema --out policies/policy.schema.json

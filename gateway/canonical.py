@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,8 +63,13 @@ class Fingerprint:
 
 
 class Canonicalizer:
+    _CACHE_SIZE = 256  # distinct tool sets remembered; agents reuse a handful
+
     def __init__(self, spec: CanonicalizeSpec) -> None:
         self._spec = spec
+        # Serialised tools as sent -> canonical tools, or None if already canonical. An
+        # agent sends the same tool set every turn: canonicalise it once, not per request.
+        self._tools_cache: OrderedDict[bytes, list[Any] | None] = OrderedDict()
         volatile = spec.volatile
         self._patterns: list[tuple[str, re.Pattern[str]]] = []
         if volatile is not None:
@@ -79,12 +85,8 @@ class Canonicalizer:
             and tools
             and (self._spec.sort_tools or self._spec.sort_schema_keys)
         ):
-            canonical = list(tools)
-            if self._spec.sort_tools:
-                canonical.sort(key=_tool_name)
-            if self._spec.sort_schema_keys:
-                canonical = [sorted_keys(t) for t in canonical]
-            if orjson.dumps(canonical) != orjson.dumps(tools):
+            canonical = self._canonical_tools(tools)
+            if canonical is not None:
                 body = {**body, "tools": canonical}
                 changed = True
         if self._patterns:
@@ -92,6 +94,22 @@ class Canonicalizer:
             if moved is not None:
                 body, changed = moved, True
         return body if changed else None
+
+    def _canonical_tools(self, tools: list[Any]) -> list[Any] | None:
+        key = orjson.dumps(tools)
+        if key in self._tools_cache:
+            self._tools_cache.move_to_end(key)
+            return self._tools_cache[key]
+        canonical = list(tools)
+        if self._spec.sort_tools:
+            canonical.sort(key=_tool_name)
+        if self._spec.sort_schema_keys:
+            canonical = [sorted_keys(t) for t in canonical]
+        result = canonical if orjson.dumps(canonical) != key else None
+        self._tools_cache[key] = result
+        if len(self._tools_cache) > self._CACHE_SIZE:
+            self._tools_cache.popitem(last=False)
+        return result
 
     def _move_volatile(self, body: dict[str, Any]) -> dict[str, Any] | None:
         messages = body.get("messages")

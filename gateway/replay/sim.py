@@ -28,7 +28,8 @@ class LRUCache:
         return hits
 
     def insert(self, blocks: Sequence[int]) -> None:
-        for block in blocks:
+        # vLLM frees a request's blocks in reverse: tails are evicted before their prefixes.
+        for block in reversed(blocks):
             if block in self._blocks:
                 self._blocks.move_to_end(block)
             else:

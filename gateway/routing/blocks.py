@@ -10,7 +10,7 @@ give equal leading hashes, and only whole blocks count, as in the engine.
 
 from __future__ import annotations
 
-import hashlib
+import zlib
 from typing import Any
 
 import orjson
@@ -19,22 +19,24 @@ _SEPARATOR = b"\x1e"  # keeps "ab"+"c" and "a"+"bc" apart
 
 
 def prompt_bytes(body: dict[str, Any]) -> bytes:
-    """The parts of a chat or completion request that form the engine's prompt, in order."""
+    """The parts of a chat or completion request that form the engine's prompt, in order.
+
+    The messages after the system prompt are serialised as one JSON array: a later turn's
+    array starts with the earlier turn's bytes (only the closing bracket differs), so
+    every whole block before the end is shared.
+    """
     messages = body.get("messages")
     if isinstance(messages, list):
         parts: list[bytes] = []
         rest = messages
-        if (
-            messages
-            and isinstance(messages[0], dict)
-            and messages[0].get("role") in ("system", "developer")
-        ):
-            parts.append(orjson.dumps(messages[0].get("content"), option=orjson.OPT_SORT_KEYS))
+        first = messages[0] if messages else None
+        if isinstance(first, dict) and first.get("role") in ("system", "developer"):
+            parts.append(orjson.dumps(first.get("content")))
             rest = messages[1:]
         tools = body.get("tools")
         if tools:
             parts.append(orjson.dumps(tools))  # already canonical when canonicalisation is on
-        parts.extend(orjson.dumps(m, option=orjson.OPT_SORT_KEYS) for m in rest)
+        parts.append(orjson.dumps(rest))
         return _SEPARATOR.join(parts)
     prompt = body.get("prompt")
     if isinstance(prompt, str):
@@ -45,14 +47,15 @@ def prompt_bytes(body: dict[str, Any]) -> bytes:
 
 
 def chain_hashes(data: bytes, block_bytes: int) -> tuple[int, ...]:
+    """Block i's id: the CRC-32 of everything up to the end of block i (computed
+    incrementally, so each byte is read once), tagged with i. A collision costs at most
+    one less-than-ideal routing choice, never a wrong answer."""
     hashes: list[int] = []
-    previous = b""
-    for start in range(0, len(data) - block_bytes + 1, block_bytes):
-        digest = hashlib.blake2b(
-            previous + data[start : start + block_bytes], digest_size=8
-        ).digest()
-        hashes.append(int.from_bytes(digest, "big"))
-        previous = digest
+    crc = 0
+    view = memoryview(data)
+    for index, start in enumerate(range(0, len(data) - block_bytes + 1, block_bytes)):
+        crc = zlib.crc32(view[start : start + block_bytes], crc)
+        hashes.append(index << 32 | crc)
     return tuple(hashes)
 
 

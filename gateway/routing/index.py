@@ -1,8 +1,11 @@
 """What the gateway believes each replica holds in its prefix cache.
 
 One LRU of block hashes per replica, sized like the engine's cache: a block the engine
-would have evicted is forgotten here too. Read by scoring (`match`, pure lookups) and
-written only in the router's after-dispatch hook (`record`).
+would have evicted is forgotten here too. Like vLLM, which frees a request's blocks in
+reverse so that tails are evicted before the prefixes they extend, `record` touches a
+request's blocks last-to-first; what is held is then always a prefix-closed set, and
+`match` can binary-search the leading run instead of walking it. Read by scoring
+(`match`, pure lookups) and written only in the router's after-dispatch hook (`record`).
 """
 
 from __future__ import annotations
@@ -19,18 +22,20 @@ class PrefixIndex:
     def match(self, replica: str, blocks: Sequence[int]) -> int:
         """How many leading blocks of this prefix the replica is believed to hold."""
         cache = self._caches.get(replica)
-        if not cache:
+        if not cache or not blocks or blocks[0] not in cache:
             return 0
-        held = 0
-        for block in blocks:
-            if block not in cache:
-                break
-            held += 1
-        return held
+        low, high = 1, len(blocks)  # blocks[:low] held; find the largest such low
+        while low < high:
+            middle = (low + high + 1) // 2
+            if blocks[middle - 1] in cache:
+                low = middle
+            else:
+                high = middle - 1
+        return low
 
     def record(self, replica: str, blocks: Sequence[int]) -> None:
         cache = self._caches.setdefault(replica, OrderedDict())
-        for block in blocks:
+        for block in reversed(blocks):
             if block in cache:
                 cache.move_to_end(block)
             else:

@@ -64,17 +64,25 @@ def test_completion_prompt_blocks() -> None:
     assert request_blocks({"model": "m", "prompt": "y" * 300}, 100) == chain_hashes(b"y" * 300, 100)
 
 
-def test_index_matches_leading_run_and_evicts_least_recent() -> None:
+def test_index_matches_leading_run_and_evicts_tails_first() -> None:
     index = PrefixIndex(blocks_per_replica=4)
     index.record("r1", [1, 2, 3])
     assert index.match("r1", [1, 2, 9]) == 2
     assert index.match("r1", [9, 1, 2]) == 0
     assert index.match("r2", [1]) == 0
-    index.record("r1", [7, 8])  # 5 blocks > 4: block 1 (least recent) goes
-    assert index.match("r1", [1, 2]) == 0
+    index.record("r1", [7, 8])  # 5 blocks > 4: the oldest tail (3) goes, its prefix stays
+    assert index.match("r1", [1, 2, 3]) == 2
     assert index.match("r1", [7, 8]) == 2
     index.forget("r1")
     assert index.match("r1", [7]) == 0
+
+
+def test_match_finds_the_exact_leading_run_at_every_length() -> None:
+    index = PrefixIndex(blocks_per_replica=1000)
+    held = list(range(100, 140))
+    index.record("r", held)
+    for k in range(0, 41):
+        assert index.match("r", [*held[:k], 999, 998]) == k
 
 
 def test_load_decays_with_its_half_life() -> None:

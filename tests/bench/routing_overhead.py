@@ -1,0 +1,104 @@
+"""Benchmark: the cost of the routing decision itself, per request, at 8 replicas.
+
+    .venv/bin/python -m tests.bench.routing_overhead [--out FILE]     (make bench-routing)
+
+Times what the gateway adds on the request path for routing, on real tau-bench agent
+requests (6 KB system prompt, 14 tools, growing history): canonicalisation, prefix block
+hashing, filter/cost/pick over 8 replicas and the after-dispatch bookkeeping. Prints
+p50/p99 and writes JSON. A benchmark, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+from engine.supervisor import ROOT
+from gateway.canonical import Canonicalizer
+from gateway.policy.schema import CanonicalizeSpec, RoutingSpec
+from gateway.replay.sim import percentile
+from gateway.replicas import Replica
+from gateway.routing.blocks import request_blocks
+from gateway.routing.build import build_router
+from gateway.routing.costs import RouteRequest
+from tests.bench.tau_routing import DATA
+
+REPLICAS = 8
+
+
+def requests(limit: int) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    with DATA.open() as lines:
+        for line in lines:
+            record = json.loads(line)
+            for i, message in enumerate(record["messages"]):
+                if message["role"] == "assistant":
+                    out.append(
+                        {"model": "m", "messages": record["messages"][:i], "tools": record["tools"]}
+                    )
+            if len(out) >= limit:
+                break
+    return out[:limit]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--requests", type=int, default=1000)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--out", default=str(ROOT / ".run" / "bench" / "routing-overhead.json"))
+    args = parser.parse_args()
+    spec = RoutingSpec()
+    router = build_router(spec, time.monotonic)
+    canonicalizer = Canonicalizer(CanonicalizeSpec())
+    pool = [Replica("bench", f"http://10.0.0.{i}:8000", "m") for i in range(REPLICAS)]
+    bodies = requests(args.requests)
+    rng = random.Random(0)
+    samples: dict[str, list[float]] = {
+        "canonicalise": [],
+        "blocks": [],
+        "choose+record": [],
+        "total": [],
+    }
+    for _ in range(args.rounds):
+        rng.shuffle(bodies)
+        for body in bodies:
+            t0 = time.perf_counter_ns()
+            canonical = canonicalizer.apply(body) or body
+            t1 = time.perf_counter_ns()
+            route = RouteRequest(request_blocks(canonical, spec.block_bytes), None)
+            t2 = time.perf_counter_ns()
+            decision = router.choose(pool, route, frozenset())
+            assert decision is not None
+            router.dispatched(decision, route)
+            t3 = time.perf_counter_ns()
+            for name, ns in (
+                ("canonicalise", t1 - t0),
+                ("blocks", t2 - t1),
+                ("choose+record", t3 - t2),
+                ("total", t3 - t0),
+            ):
+                samples[name].append(ns / 1000)
+    report: dict[str, Any] = {
+        "replicas": REPLICAS,
+        "requests": len(bodies) * args.rounds,
+        "microseconds": {},
+    }
+    print(f"{'stage':<14} {'p50 us':>8} {'p99 us':>8}")
+    for name, values in samples.items():
+        values.sort()
+        p50, p99 = percentile(values, 0.5), percentile(values, 0.99)
+        report["microseconds"][name] = {"p50": round(p50, 1), "p99": round(p99, 1)}
+        print(f"{name:<14} {p50:>8.1f} {p99:>8.1f}")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
