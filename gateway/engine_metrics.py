@@ -8,11 +8,11 @@ to each other.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 import aiohttp
 
+from gateway.periodic import Periodic
 from gateway.replicas import Fleet
 from gateway.routing.router import EngineLoad
 
@@ -47,7 +47,7 @@ class EngineMetricsScraper:
         self._session = session
         self._interval_s = interval_s
         self._loads: dict[str, EngineLoad] = {}
-        self._task: asyncio.Task[None] | None = None
+        self._loop = Periodic("engine-metrics", interval_s, self.scrape_all)
 
     def get(self, url: str) -> EngineLoad | None:
         return self._loads.get(url)
@@ -67,18 +67,7 @@ class EngineMetricsScraper:
             self._loads.pop(url, None)  # stale numbers are worse than none
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="engine-metrics")
+        self._loop.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self._interval_s)
-            try:
-                await self.scrape_all()
-            except Exception:
-                log.exception("engine metrics round failed")
+        await self._loop.stop()

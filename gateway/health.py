@@ -7,11 +7,11 @@ the pipeline; this loop is what brings them back.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 import aiohttp
 
+from gateway.periodic import Periodic
 from gateway.policy.schema import HealthSpec
 from gateway.replicas import Fleet, Replica
 
@@ -23,7 +23,7 @@ class HealthMonitor:
         self._fleet = fleet
         self._session = session
         self._spec = spec
-        self._task: asyncio.Task[None] | None = None
+        self._loop = Periodic("health-monitor", spec.interval_s, self.check_all)
 
     async def check_all(self, *, first: bool = False) -> None:
         """Poll every replica once. The first round, before serving, trusts no replica that
@@ -52,18 +52,7 @@ class HealthMonitor:
             replica.mark_failed(reason, threshold=threshold)
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="health-monitor")
+        self._loop.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self._spec.interval_s)
-            try:
-                await self.check_all()
-            except Exception:  # the loop must outlive any single bad poll
-                log.exception("health check round failed")
+        await self._loop.stop()

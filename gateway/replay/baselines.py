@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from gateway.replicas import Replica
 from gateway.routing.costs import RouteRequest
 from gateway.routing.index import PrefixIndex
-from gateway.routing.router import Decision
+from gateway.routing.router import Decision, available
 
 
 class SGLangStyleRouter:
@@ -40,7 +40,7 @@ class SGLangStyleRouter:
         request: RouteRequest,
         exclude: frozenset[Replica] = frozenset(),
     ) -> Decision | None:
-        healthy = [r for r in replicas if r.healthy and r not in exclude]
+        healthy = available(replicas, exclude)
         if not healthy:
             return None
         loads = [r.inflight for r in healthy]

@@ -65,6 +65,11 @@ class Router(Protocol):
     def dispatched(self, decision: Decision, request: RouteRequest) -> None: ...
 
 
+def available(replicas: Sequence[Replica], exclude: frozenset[Replica]) -> list[Replica]:
+    """The first filter of every router: healthy, and not already tried for this request."""
+    return [r for r in replicas if r.healthy and r not in exclude]
+
+
 def rendezvous(key: str, replicas: Sequence[Replica]) -> Replica:
     """Highest-random-weight hashing: the same winner on every gateway, and only the keys
     of a removed replica move when the set changes."""
@@ -116,7 +121,7 @@ class CacheAwareRouter:
         request: RouteRequest,
         exclude: frozenset[Replica] = frozenset(),
     ) -> Decision | None:
-        healthy = [r for r in replicas if r.healthy and r not in exclude]
+        healthy = available(replicas, exclude)
         if not healthy:
             return None
         candidates = self._candidates(healthy, request)
@@ -189,7 +194,7 @@ class RoundRobinRouter:
         request: RouteRequest,
         exclude: frozenset[Replica] = frozenset(),
     ) -> Decision | None:
-        healthy = [r for r in replicas if r.healthy and r not in exclude]
+        healthy = available(replicas, exclude)
         if not healthy:
             return None
         replica = healthy[next(self._turn) % len(healthy)]
