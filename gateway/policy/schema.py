@@ -77,7 +77,7 @@ class RoutingWeights(Strict):
 
     prefix: float = Field(1.0, ge=0, description="Per block the replica would have to prefill.")
     load: float = Field(0.3, ge=0, description="Per block of recent (decayed) work on the replica.")
-    queue: float = Field(1.0, ge=0, description="Per request in flight or waiting at the replica.")
+    queue: float = Field(0.25, ge=0, description="Per request in flight or waiting at the replica.")
     session: float = Field(8.0, ge=0, description="For leaving the replica the session uses.")
 
 
@@ -95,6 +95,9 @@ class RoutingSpec(Strict):
         2.0, ge=1, description="Replicas above this multiple of the mean recent work are skipped."
     )
     load_slack_blocks: float = Field(64.0, ge=0, description="Added to that bound.")
+    load_tolerance: float = Field(
+        0.25, ge=0, description="Recent work up to this fraction above the mean costs nothing."
+    )
     max_waiting: int = Field(32, ge=1, description="A replica with this many queued is saturated.")
     max_kv_usage: float = Field(
         0.98, gt=0, le=1, description="KV usage at which a replica is saturated."

@@ -27,6 +27,7 @@ def build_router(
         max_kv_usage=spec.max_kv_usage,
         max_load_factor=spec.max_load_factor,
         load_slack_blocks=spec.load_slack_blocks,
+        load_tolerance=spec.load_tolerance,
     )
     return CacheAwareRouter(
         settings,

@@ -28,6 +28,7 @@ class Candidate:
     replica: Replica
     cached_blocks: int  # leading blocks of this request the replica is believed to hold
     recent_work: float  # decayed prefill work recently sent to it (routing/load.py)
+    excess_work: float  # how far recent_work is above the candidates' tolerated mean
     queued: int  # requests in flight at the gateway plus waiting in the engine
     kv_usage: float  # engine's KV cache usage, 0..1 (scraped /metrics)
     session_home: bool  # the replica this request's session belongs to
@@ -43,7 +44,9 @@ def prefix_cost(request: RouteRequest, c: Candidate) -> float:
 
 
 def load_cost(request: RouteRequest, c: Candidate) -> float:
-    return c.recent_work
+    """Recent work above the tolerated mean. Below it load is noise, and letting noise
+    outbid a cache hit moves agents between replicas for nothing."""
+    return c.excess_work
 
 
 def queue_cost(request: RouteRequest, c: Candidate) -> float:

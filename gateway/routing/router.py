@@ -87,6 +87,7 @@ class CacheAwareSettings:
     max_kv_usage: float = 0.98
     max_load_factor: float = 2.0
     load_slack_blocks: float = 64.0
+    load_tolerance: float = 0.25
     session_memory: int = 100_000
 
 
@@ -158,14 +159,17 @@ class CacheAwareRouter:
             home = self._sessions.get(request.session)
             if home is None or all(r.id != home for r in replicas):
                 home = rendezvous(request.session, replicas).id
+        recent = [self._load.recent(r.id) for r in replicas]
+        tolerated = (1.0 + self._settings.load_tolerance) * sum(recent) / len(recent)
         out = []
-        for replica in replicas:
+        for replica, work in zip(replicas, recent, strict=True):
             engine = self._engine_loads.get(replica.url) if self._engine_loads else None
             out.append(
                 Candidate(
                     replica=replica,
                     cached_blocks=self._index.match(replica.id, request.blocks),
-                    recent_work=self._load.recent(replica.id),
+                    recent_work=work,
+                    excess_work=max(0.0, work - tolerated),
                     queued=replica.inflight + (engine.waiting if engine else 0),
                     kv_usage=engine.kv_usage if engine else 0.0,
                     session_home=replica.id == home,

@@ -51,6 +51,7 @@ class Target:
     strategy: str = "cache_aware"
     canonicalize: bool = True
     shuffle_tools: bool = False
+    weights: str = ""  # YAML flow mapping of routing weights, e.g. "{queue: 0}"
 
 
 TARGETS = [
@@ -138,7 +139,7 @@ def start_target(
     policy.write_text(
         f"""version: 1
 state: {{embedded_dir: "{work / f"state-{port}"}"}}
-routing: {{strategy: {target.strategy}}}
+routing: {{strategy: {target.strategy}{f", weights: {target.weights}" if target.weights else ""}}}
 canonicalize: {{sort_tools: {str(target.canonicalize).lower()}, sort_schema_keys: {str(target.canonicalize).lower()}}}
 pools: {{tiny: {{served_model: tiny, replicas: [{replicas}]}}}}
 models: {{tiny: {{pool: tiny}}}}
@@ -163,8 +164,8 @@ models: {{tiny: {{pool: tiny}}}}
 
 async def run_workload(
     base: str, convs: list[list[dict[str, Any]]], shuffle: bool
-) -> dict[str, float]:
-    totals: dict[str, float] = {"requests": 0, "prompt_tokens": 0, "cached_tokens": 0, "errors": 0}
+) -> dict[str, Any]:
+    totals: dict[str, Any] = {"requests": 0, "prompt_tokens": 0, "cached_tokens": 0, "errors": 0}
     rng = random.Random(1234)
     queue: asyncio.Queue[list[dict[str, Any]]] = asyncio.Queue()
     for conv in convs:
@@ -195,6 +196,21 @@ async def run_workload(
     totals["uncached_tokens"] = totals["prompt_tokens"] - totals["cached_tokens"]
     totals["cached_share"] = round(totals["cached_tokens"] / max(1, totals["prompt_tokens"]), 4)
     return totals
+
+
+def served(workers: list[str]) -> list[int]:
+    """Requests each engine has finished, from its own /metrics."""
+    counts = []
+    for url in workers:
+        with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
+            text = resp.read().decode()
+        total = sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("vllm:request_success_total")
+        )
+        counts.append(int(total))
+    return counts
 
 
 def reset_caches(workers: list[str]) -> None:
@@ -240,6 +256,7 @@ def main() -> int:
         for engines in start_engines(work):
             for target in TARGETS:
                 reset_caches(engines.urls)
+                before = served(engines.urls)
                 proc, base = start_target(target, engines.urls, work)
                 try:
                     began = time.monotonic()
@@ -248,9 +265,15 @@ def main() -> int:
                 finally:
                     proc.terminate()
                     proc.wait(timeout=30)
+                per_replica = [a - b for a, b in zip(served(engines.urls), before, strict=True)]
+                figures["requests_per_replica"] = per_replica
+                figures["busiest_replica_share"] = round(
+                    max(per_replica) / max(1, sum(per_replica)), 3
+                )
                 results[target.name] = figures
                 print(f"bench: {target.name:<46} uncached {figures['uncached_tokens']:>9,}  "
-                      f"cached share {figures['cached_share']:.3f}  ({figures['seconds']}s)", flush=True)  # fmt: skip
+                      f"cached share {figures['cached_share']:.3f}  per replica {per_replica}  "
+                      f"({figures['seconds']}s)", flush=True)  # fmt: skip
     ours = results["gateway cache-aware"]["uncached_tokens"]
     summary = {
         "uncached_vs_round_robin": round(

@@ -22,6 +22,7 @@ def candidate(i: int = 0, **facts: object) -> Candidate:
         "replica": Replica("p", f"http://127.0.0.1:{9000 + i}", "m"),
         "cached_blocks": 0,
         "recent_work": 0.0,
+        "excess_work": 0.0,
         "queued": 0,
         "kv_usage": 0.0,
         "session_home": False,
@@ -36,7 +37,7 @@ def test_prefix_cost_counts_blocks_to_prefill_plus_one() -> None:
 
 
 def test_load_and_queue_costs_read_the_facts() -> None:
-    assert load_cost(REQUEST, candidate(recent_work=12.5)) == 12.5
+    assert load_cost(REQUEST, candidate(recent_work=40.0, excess_work=12.5)) == 12.5
     assert queue_cost(REQUEST, candidate(queued=3)) == 3
 
 
