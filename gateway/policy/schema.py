@@ -76,7 +76,7 @@ class RoutingWeights(Strict):
     """Exchange rates between costs, in prefill blocks (see gateway/routing/costs.py)."""
 
     prefix: float = Field(1.0, ge=0, description="Per block the replica would have to prefill.")
-    load: float = Field(0.3, ge=0, description="Per block of recent (decayed) work on the replica.")
+    load: float = Field(1.0, ge=0, description="Per block of recent work above the tolerated mean.")
     queue: float = Field(0.25, ge=0, description="Per request in flight or waiting at the replica.")
     session: float = Field(8.0, ge=0, description="For leaving the replica the session uses.")
 

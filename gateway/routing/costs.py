@@ -1,10 +1,10 @@
 """Candidates, filters and costs: small pure functions over facts gathered beforehand.
 
 Everything is measured in prefill blocks, so weights from the policy read as exchange
-rates: `load: 0.3` means a block of recent work on a replica counts 0.3 of a block
-that would have to be recomputed there. The chosen replica has the lowest weighted sum,
-which is the replica where this request's prefill is expected to start soonest and cost
-least.
+rates: `load: 1.0` means a block of recent work that a replica runs ahead of the others
+counts as much as a block that would have to be recomputed there. The chosen replica
+has the lowest weighted sum: where this request's prefill is expected to cost least and
+start soonest.
 """
 
 from __future__ import annotations
@@ -77,15 +77,21 @@ def not_saturated(max_waiting: int, max_kv_usage: float) -> Filter:
 
 
 def bounded_load(max_factor: float, slack_blocks: float) -> Filter:
-    """Drop replicas whose recent work is far above the mean, so a hot prefix cannot pile
-    onto one replica while others idle. The slack keeps a quiet system from bouncing."""
+    """Drop replicas whose recent work is far above the mean of the *other* replicas, so a
+    hot prefix cannot pile onto one replica while others idle. (Against the mean of all
+    replicas, one hot replica among two could never exceed twice the mean.) The slack
+    keeps a quiet system from bouncing."""
 
     def keep(request: RouteRequest, candidates: Sequence[Candidate]) -> list[Candidate]:
         if len(candidates) < 2:
             return list(candidates)
-        mean = sum(c.recent_work for c in candidates) / len(candidates)
-        limit = max_factor * mean + slack_blocks
-        fine = [c for c in candidates if c.recent_work <= limit]
+        total = sum(c.recent_work for c in candidates)
+        others = len(candidates) - 1
+        fine = [
+            c
+            for c in candidates
+            if c.recent_work <= max_factor * (total - c.recent_work) / others + slack_blocks
+        ]
         return fine or list(candidates)
 
     return keep

@@ -16,7 +16,7 @@ from gateway.routing.router import (
     rendezvous,
 )
 
-WEIGHTS = {"prefix": 1.0, "load": 0.3, "queue": 0.25, "session": 8.0}
+WEIGHTS = {"prefix": 1.0, "load": 1.0, "queue": 0.25, "session": 8.0}
 
 
 class Clock:
