@@ -94,7 +94,7 @@ class RoutingSpec(Strict):
     max_load_factor: float = Field(
         2.0, ge=1, description="Replicas above this multiple of the mean recent work are skipped."
     )
-    load_slack_blocks: float = Field(64.0, ge=0, description="Added to that bound.")
+    load_slack_blocks: float = Field(256.0, ge=0, description="Added to that bound.")
     load_tolerance: float = Field(
         0.25, ge=0, description="Recent work up to this fraction above the mean costs nothing."
     )

@@ -24,5 +24,14 @@ class LoadTracker:
             return 0.0
         return work * math.exp(-self._rate * max(0.0, self._clock() - since))
 
+    def recent_many(self, replicas: list[str]) -> list[float]:
+        """`recent` for several replicas at one instant (one clock read)."""
+        now = self._clock()
+        out = []
+        for replica in replicas:
+            work, since = self._work.get(replica, (0.0, 0.0))
+            out.append(work * math.exp(-self._rate * (now - since)) if work else 0.0)
+        return out
+
     def add(self, replica: str, work: float) -> None:
         self._work[replica] = (self.recent(replica) + work, self._clock())

@@ -86,7 +86,7 @@ class CacheAwareSettings:
     max_waiting: int = 32
     max_kv_usage: float = 0.98
     max_load_factor: float = 2.0
-    load_slack_blocks: float = 64.0
+    load_slack_blocks: float = 256.0
     load_tolerance: float = 0.25
     session_memory: int = 100_000
 
@@ -128,10 +128,12 @@ class CacheAwareRouter:
         candidates = self._candidates(healthy, request)
         for keep in self._filters:
             candidates = keep(request, candidates)
-        totals = [
-            (sum(weight * cost(request, c) for cost, weight, _ in self._weights), c)
-            for c in candidates
-        ]
+        totals = []
+        for c in candidates:
+            total = 0.0
+            for cost, weight, _ in self._weights:
+                total += weight * cost(request, c)
+            totals.append((total, c))
         best = min(total for total, _ in totals)
         tied = [c for total, c in totals if total <= best + 1e-9]
         chosen = tied[next(self._turn) % len(tied)] if len(tied) > 1 else tied[0]
@@ -159,7 +161,7 @@ class CacheAwareRouter:
             home = self._sessions.get(request.session)
             if home is None or all(r.id != home for r in replicas):
                 home = rendezvous(request.session, replicas).id
-        recent = [self._load.recent(r.id) for r in replicas]
+        recent = self._load.recent_many([r.id for r in replicas])
         tolerated = (1.0 + self._settings.load_tolerance) * sum(recent) / len(recent)
         out = []
         for replica, work in zip(replicas, recent, strict=True):
