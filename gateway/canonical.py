@@ -66,7 +66,7 @@ class Canonicalizer:
     _CACHE_SIZE = 256  # distinct tool sets remembered; agents reuse a handful
 
     def __init__(self, spec: CanonicalizeSpec) -> None:
-        self._spec = spec
+        self.spec = spec
         # Serialised tools as sent -> canonical tools, or None if already canonical. An
         # agent sends the same tool set every turn: canonicalise it once, not per request.
         self._tools_cache: OrderedDict[bytes, list[Any] | None] = OrderedDict()
@@ -83,7 +83,7 @@ class Canonicalizer:
         if (
             isinstance(tools, list)
             and tools
-            and (self._spec.sort_tools or self._spec.sort_schema_keys)
+            and (self.spec.sort_tools or self.spec.sort_schema_keys)
         ):
             canonical = self._canonical_tools(tools)
             if canonical is not None:
@@ -101,9 +101,9 @@ class Canonicalizer:
             self._tools_cache.move_to_end(key)
             return self._tools_cache[key]
         canonical = list(tools)
-        if self._spec.sort_tools:
+        if self.spec.sort_tools:
             canonical.sort(key=_tool_name)
-        if self._spec.sort_schema_keys:
+        if self.spec.sort_schema_keys:
             canonical = [sorted_keys(t) for t in canonical]
         result = canonical if orjson.dumps(canonical) != key else None
         self._tools_cache[key] = result
@@ -131,7 +131,7 @@ class Canonicalizer:
             content = pattern.sub(cut, content)
         if not found:
             return None
-        volatile = self._spec.volatile
+        volatile = self.spec.volatile
         assert volatile is not None
         note = f"{volatile.note_prefix} {'; '.join(found)}"
         rest = [{**first, "content": content}, *messages[1:]]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from starlette.responses import Response
 
@@ -55,7 +55,6 @@ class _Dispatch:
     decision: Decision
     response: UpstreamResponse
     deadline: float
-    extra_headers: dict[str, str] = field(default_factory=dict)
 
     @property
     def replica(self) -> Replica:
@@ -65,7 +64,6 @@ class _Dispatch:
         return {
             "X-Gateway-Replica": self.replica.id,
             "X-Gateway-Route": self.decision.header(),
-            **self.extra_headers,
         }
 
 
@@ -89,8 +87,10 @@ class Pipeline:
         self._fingerprints = fingerprints
         self._metrics = metrics
         self._prefix_routing = policy.routing.strategy == "cache_aware"
+        # One canonicaliser (and tool cache) per distinct setting, not per model alias.
+        shared = Canonicalizer(policy.canonicalize)
         self._canonical = {
-            alias: (spec := model.canonicalize or policy.canonicalize, Canonicalizer(spec))
+            alias: Canonicalizer(model.canonicalize) if model.canonicalize else shared
             for alias, model in policy.models.items()
         }
 
@@ -106,24 +106,23 @@ class Pipeline:
         self._record_route(pool, dispatch.decision)
         if self._request_log is not None:
             self._request_log.write(request.model, route, dispatch.decision)
+        headers = dispatch.headers()
         if prefix_changes:
-            dispatch.extra_headers["X-Gateway-Prefix-Change"] = ",".join(prefix_changes)
+            headers["X-Gateway-Prefix-Change"] = ",".join(prefix_changes)
         if request.stream:
-            return self._relay_stream(request, dispatch)
-        return await self._relay_whole(dispatch)
+            return self._relay_stream(request, dispatch, headers)
+        return await self._relay_whole(dispatch, headers)
 
     def _canonicalise(self, request: InboundRequest) -> InboundRequest:
         if request.endpoint is not Endpoint.chat:
             return request
-        _, canonicalizer = self._canonical[request.model]
-        canonical = canonicalizer.apply(request.body)
+        canonical = self._canonical[request.model].apply(request.body)
         return request if canonical is None else request.with_body(canonical)
 
     async def _prefix_changes(self, request: InboundRequest, context: RequestContext) -> list[str]:
-        spec, _ = self._canonical[request.model]
         if context.session_id is None or request.endpoint is not Endpoint.chat:
             return []
-        if not spec.detect_prefix_changes:
+        if not self._canonical[request.model].spec.detect_prefix_changes:
             return []
         current = fingerprint(request.body)
         previous_text = await self._fingerprints.swap(context.session_id, current.encode())
@@ -198,7 +197,7 @@ class Pipeline:
             )
         return upstream_error_from_body(status, payload)
 
-    async def _relay_whole(self, dispatch: _Dispatch) -> Response:
+    async def _relay_whole(self, dispatch: _Dispatch, headers: dict[str, str]) -> Response:
         replica, response = dispatch.replica, dispatch.response
         try:
             async with asyncio.timeout_at(dispatch.deadline):
@@ -214,10 +213,12 @@ class Pipeline:
             conform_response(payload),
             status_code=200,
             media_type=response.content_type,
-            headers=dispatch.headers(),
+            headers=headers,
         )
 
-    def _relay_stream(self, request: InboundRequest, dispatch: _Dispatch) -> RelayResponse:
+    def _relay_stream(
+        self, request: InboundRequest, dispatch: _Dispatch, headers: dict[str, str]
+    ) -> RelayResponse:
         relay = StreamRelay(
             dispatch.replica,
             dispatch.response,
@@ -226,4 +227,4 @@ class Pipeline:
             # Only logprobs chunks need fixing; every other stream passes byte for byte.
             conform=bool(request.body.get("logprobs")),
         )
-        return RelayResponse(relay, dispatch.headers())
+        return RelayResponse(relay, headers)

@@ -53,6 +53,3 @@ class SSEFramer:
 
 def data_event(payload: bytes) -> bytes:
     return b"data: " + payload + b"\n\n"
-
-
-DONE_EVENT = b"data: [DONE]\n\n"

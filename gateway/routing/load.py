@@ -19,18 +19,15 @@ class LoadTracker:
         self._work: dict[str, tuple[float, float]] = {}  # replica -> (work, as of)
 
     def recent(self, replica: str) -> float:
-        work, since = self._work.get(replica, (0.0, 0.0))
-        if not work:
-            return 0.0
-        return work * math.exp(-self._rate * max(0.0, self._clock() - since))
+        return self.recent_many([replica])[0]
 
     def recent_many(self, replicas: list[str]) -> list[float]:
-        """`recent` for several replicas at one instant (one clock read)."""
+        """Decayed work of several replicas at one instant (one clock read)."""
         now = self._clock()
         out = []
         for replica in replicas:
             work, since = self._work.get(replica, (0.0, 0.0))
-            out.append(work * math.exp(-self._rate * (now - since)) if work else 0.0)
+            out.append(work * math.exp(-self._rate * max(0.0, now - since)) if work else 0.0)
         return out
 
     def add(self, replica: str, work: float) -> None:

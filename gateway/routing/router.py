@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -208,6 +208,3 @@ class RoundRobinRouter:
 
     def dispatched(self, decision: Decision, request: RouteRequest) -> None:
         pass
-
-
-RouterFactory = Callable[[], Router]
