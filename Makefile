@@ -62,6 +62,7 @@ bench-routing: $(STAMP) engine-env
 	done
 	@$(BIN)/python -m tests.bench.routing_overhead
 	@$(BIN)/python -m tests.bench.tau_routing
+	@.venv-engine/bin/python -m tests.bench.tau_floor
 
 schema: $(STAMP)
 	@$(BIN)/gateway policy schema --out policies/policy.schema.json

@@ -51,6 +51,12 @@ class Speculative(Strict):
 class KVCache(Strict):
     cpu_space_gib: float | None = Field(None, gt=0, description="VLLM_CPU_KVCACHE_SPACE")
     gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
+    block_size: int | None = Field(
+        None,
+        ge=1,
+        description="Tokens per KV block (vLLM's --block-size; engine default if unset). Only "
+        "whole blocks are reused, so each agent turn recomputes up to one block.",
+    )
 
 
 class ToolCalling(Strict):
@@ -130,6 +136,8 @@ class Profile(Strict):
             args += ["--tensor-parallel-size", str(self.tensor_parallel_size)]
         if self.kv_cache.gpu_memory_utilization is not None:
             args += ["--gpu-memory-utilization", str(self.kv_cache.gpu_memory_utilization)]
+        if self.kv_cache.block_size is not None:
+            args += ["--block-size", str(self.kv_cache.block_size)]
         args.append(
             "--enable-prefix-caching" if self.prefix_caching else "--no-enable-prefix-caching"
         )

@@ -62,50 +62,57 @@ class Fingerprint:
         return cls(system, tools) if sep else None
 
 
+@dataclass(frozen=True, slots=True)
+class Canonical:
+    body: dict[str, Any] | None  # the rewritten body; None when the client's is canonical
+    tools_json: bytes | None  # the canonical tools serialised, reused for prefix hashing
+
+
 class Canonicalizer:
     _CACHE_SIZE = 256  # distinct tool sets remembered; agents reuse a handful
 
     def __init__(self, spec: CanonicalizeSpec) -> None:
         self.spec = spec
-        # Serialised tools as sent -> canonical tools, or None if already canonical. An
-        # agent sends the same tool set every turn: canonicalise it once, not per request.
-        self._tools_cache: OrderedDict[bytes, list[Any] | None] = OrderedDict()
+        # Serialised tools as sent -> (canonical tools or None if already canonical, their
+        # bytes). An agent sends the same tool set every turn: canonicalise it once.
+        self._tools_cache: OrderedDict[bytes, tuple[list[Any] | None, bytes]] = OrderedDict()
         volatile = spec.volatile
         self._patterns: list[tuple[str, re.Pattern[str]]] = []
         if volatile is not None:
             for item in volatile.patterns:
                 self._patterns.append((item.name, re.compile(item.regex or PRESETS[item.name])))
 
-    def apply(self, body: dict[str, Any]) -> dict[str, Any] | None:
-        """The canonical body, or None when the request is already canonical."""
+    def apply(self, body: dict[str, Any]) -> Canonical:
         changed = False
+        tools_json: bytes | None = None
         tools = body.get("tools")
-        if (
-            isinstance(tools, list)
-            and tools
-            and (self.spec.sort_tools or self.spec.sort_schema_keys)
-        ):
-            canonical = self._canonical_tools(tools)
-            if canonical is not None:
-                body = {**body, "tools": canonical}
-                changed = True
+        if isinstance(tools, list) and tools:
+            if self.spec.sort_tools or self.spec.sort_schema_keys:
+                canonical, tools_json = self._canonical_tools(tools)
+                if canonical is not None:
+                    body = {**body, "tools": canonical}
+                    changed = True
+            else:
+                tools_json = orjson.dumps(tools)
         if self._patterns:
             moved = self._move_volatile(body)
             if moved is not None:
                 body, changed = moved, True
-        return body if changed else None
+        return Canonical(body if changed else None, tools_json)
 
-    def _canonical_tools(self, tools: list[Any]) -> list[Any] | None:
+    def _canonical_tools(self, tools: list[Any]) -> tuple[list[Any] | None, bytes]:
         key = orjson.dumps(tools)
-        if key in self._tools_cache:
+        cached = self._tools_cache.get(key)
+        if cached is not None:
             self._tools_cache.move_to_end(key)
-            return self._tools_cache[key]
+            return cached
         canonical = list(tools)
         if self.spec.sort_tools:
             canonical.sort(key=_tool_name)
         if self.spec.sort_schema_keys:
             canonical = [sorted_keys(t) for t in canonical]
-        result = canonical if orjson.dumps(canonical) != key else None
+        canonical_json = orjson.dumps(canonical)
+        result = (canonical, canonical_json) if canonical_json != key else (None, key)
         self._tools_cache[key] = result
         if len(self._tools_cache) > self._CACHE_SIZE:
             self._tools_cache.popitem(last=False)

@@ -28,7 +28,7 @@ from gateway.prefix_watch import FingerprintStore
 from gateway.relay import RelayResponse, StreamRelay
 from gateway.replicas import Fleet, Pool, Replica
 from gateway.request_log import RequestLog
-from gateway.routing.blocks import request_blocks
+from gateway.routing.blocks import conversation_key, request_blocks
 from gateway.routing.costs import RouteRequest
 from gateway.routing.router import Decision, Router
 from gateway.upstream import ConnectFailed, Upstream, UpstreamResponse
@@ -99,9 +99,9 @@ class Pipeline:
     ) -> Response:
         request = parse_request(endpoint, raw_body)
         pool = self._fleet.pool_for(request.model, endpoint)
-        request = self._canonicalise(request)
+        request, tools_json = self._canonicalise(request)
         prefix_changes = await self._prefix_changes(request, context)
-        route = self._route_request(request, context)
+        route = self._route_request(request, context, tools_json)
         dispatch = await self._dispatch(pool, request, route, context)
         self._record_route(pool, dispatch.decision)
         if self._request_log is not None:
@@ -113,11 +113,14 @@ class Pipeline:
             return self._relay_stream(request, dispatch, headers)
         return await self._relay_whole(dispatch, headers)
 
-    def _canonicalise(self, request: InboundRequest) -> InboundRequest:
+    def _canonicalise(self, request: InboundRequest) -> tuple[InboundRequest, bytes | None]:
+        """The canonical request, and its tools serialised (prefix hashing reuses them)."""
         if request.endpoint is not Endpoint.chat:
-            return request
+            return request, None
         canonical = self._canonical[request.model].apply(request.body)
-        return request if canonical is None else request.with_body(canonical)
+        if canonical.body is not None:
+            request = request.with_body(canonical.body)
+        return request, canonical.tools_json
 
     async def _prefix_changes(self, request: InboundRequest, context: RequestContext) -> list[str]:
         if context.session_id is None or request.endpoint is not Endpoint.chat:
@@ -139,11 +142,17 @@ class Pipeline:
             blocks.labels(pool.name, "yes").inc(decision.cached_blocks)
             blocks.labels(pool.name, "no").inc(decision.total_blocks - decision.cached_blocks)
 
-    def _route_request(self, request: InboundRequest, context: RequestContext) -> RouteRequest:
+    def _route_request(
+        self, request: InboundRequest, context: RequestContext, tools_json: bytes | None
+    ) -> RouteRequest:
         blocks: tuple[int, ...] = ()
+        session = context.session_id
         if self._prefix_routing and request.endpoint is not Endpoint.embeddings:
-            blocks = request_blocks(request.body, self._policy.routing.block_bytes)
-        return RouteRequest(blocks, context.session_id)
+            routing = self._policy.routing
+            blocks = request_blocks(request.body, routing.block_bytes, tools_json)
+            if session is None and routing.implicit_sessions:
+                session = conversation_key(request.body, blocks)
+        return RouteRequest(blocks, session)
 
     async def _dispatch(
         self, pool: Pool, request: InboundRequest, route: RouteRequest, context: RequestContext

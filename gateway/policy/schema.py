@@ -84,7 +84,15 @@ class RoutingWeights(Strict):
 class RoutingSpec(Strict):
     strategy: Literal["cache_aware", "round_robin"] = "cache_aware"
     block_bytes: int = Field(
-        512, ge=16, description="Prompt bytes per prefix block (about 128 tokens)."
+        512,
+        ge=64,
+        multiple_of=8,
+        description="Prompt bytes per prefix block (about 128 tokens); a multiple of 8.",
+    )
+    implicit_sessions: bool = Field(
+        True,
+        description="Without X-Session-Id, a chat request's first block and first message "
+        "after the system prompt identify its conversation for session affinity.",
     )
     index_blocks_per_replica: int = Field(
         10_000, ge=1, description="Blocks remembered per replica: size it like the engine's cache."

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from gateway.replicas import Replica
 
@@ -21,9 +22,10 @@ class RouteRequest:
     session: str | None = None
 
 
-@dataclass(frozen=True)
-class Candidate:
-    """What is known about one replica when a request arrives; gathered before scoring."""
+class Candidate(NamedTuple):
+    """What is known about one replica when a request arrives; gathered before scoring.
+    (A named tuple: immutable like a frozen dataclass, at a fifth of the cost to build,
+    and eight are built per request.)"""
 
     replica: Replica
     cached_blocks: int  # leading blocks of this request the replica is believed to hold
@@ -34,28 +36,33 @@ class Candidate:
     session_home: bool  # the replica this request's session belongs to
 
 
-Cost = Callable[[RouteRequest, Candidate], float]
+# A cost prices every candidate at once (one call per cost, not one per replica: the
+# routing decision is on every request's path).
+Cost = Callable[[RouteRequest, Sequence[Candidate]], list[float]]
 Filter = Callable[[RouteRequest, Sequence[Candidate]], list[Candidate]]
 
 
-def prefix_cost(request: RouteRequest, c: Candidate) -> float:
-    """Blocks the replica would have to prefill, plus one for the request itself."""
-    return len(request.blocks) - c.cached_blocks + 1
+def prefix_cost(request: RouteRequest, candidates: Sequence[Candidate]) -> list[float]:
+    """Blocks each replica would have to prefill, plus one for the request itself."""
+    whole = len(request.blocks) + 1
+    return [float(whole - c.cached_blocks) for c in candidates]
 
 
-def load_cost(request: RouteRequest, c: Candidate) -> float:
+def load_cost(request: RouteRequest, candidates: Sequence[Candidate]) -> list[float]:
     """Recent work above the tolerated mean. Below it load is noise, and letting noise
     outbid a cache hit moves agents between replicas for nothing."""
-    return c.excess_work
+    return [c.excess_work for c in candidates]
 
 
-def queue_cost(request: RouteRequest, c: Candidate) -> float:
-    return float(c.queued)
+def queue_cost(request: RouteRequest, candidates: Sequence[Candidate]) -> list[float]:
+    return [float(c.queued) for c in candidates]
 
 
-def session_cost(request: RouteRequest, c: Candidate) -> float:
+def session_cost(request: RouteRequest, candidates: Sequence[Candidate]) -> list[float]:
     """1 for leaving the session's replica; nothing for requests without a session."""
-    return 0.0 if request.session is None or c.session_home else 1.0
+    if request.session is None:
+        return [0.0] * len(candidates)
+    return [0.0 if c.session_home else 1.0 for c in candidates]
 
 
 COSTS: dict[str, Cost] = {

@@ -10,7 +10,7 @@ request's blocks last-to-first; what is held is then always a prefix-closed set,
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 
 
@@ -34,12 +34,16 @@ class PrefixIndex:
         return low
 
     def record(self, replica: str, blocks: Sequence[int]) -> None:
+        """Make the request's blocks the most recent, its last block the oldest of them."""
         cache = self._caches.setdefault(replica, OrderedDict())
-        for block in reversed(blocks):
+        held = self.match(replica, blocks)
+        for block in reversed(blocks[held:]):  # the new tail: usually one turn's worth
             if block in cache:
                 cache.move_to_end(block)
             else:
                 cache[block] = None
+        # The held run (most of a long agent history) is moved in one pass in C.
+        deque(map(cache.move_to_end, reversed(blocks[:held])), maxlen=0)
         while len(cache) > self._capacity:
             cache.popitem(last=False)
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+_NOTHING = (0.0, 0.0)
+
 
 class LoadTracker:
     def __init__(self, half_life_s: float, clock: Callable[[], float]) -> None:
@@ -23,11 +25,11 @@ class LoadTracker:
 
     def recent_many(self, replicas: list[str]) -> list[float]:
         """Decayed work of several replicas at one instant (one clock read)."""
-        now = self._clock()
+        now, rate, known = self._clock(), self._rate, self._work
         out = []
         for replica in replicas:
-            work, since = self._work.get(replica, (0.0, 0.0))
-            out.append(work * math.exp(-self._rate * max(0.0, now - since)) if work else 0.0)
+            work, since = known.get(replica, _NOTHING)
+            out.append(work * math.exp(-rate * (now - since)) if work and now > since else work)
         return out
 
     def add(self, replica: str, work: float) -> None:

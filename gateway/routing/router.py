@@ -45,6 +45,13 @@ class EngineLoads(Protocol):
     def get(self, url: str) -> EngineLoad | None: ...
 
 
+_IDLE = EngineLoad()  # a replica not scraped (yet) counts as idle
+
+
+def _no_engine_load(url: str) -> EngineLoad | None:
+    return None
+
+
 @dataclass(frozen=True)
 class Decision:
     replica: Replica
@@ -128,21 +135,22 @@ class CacheAwareRouter:
         candidates = self._candidates(healthy, request)
         for keep in self._filters:
             candidates = keep(request, candidates)
-        totals = []
-        for c in candidates:
-            total = 0.0
-            for cost, weight, _ in self._weights:
-                total += weight * cost(request, c)
-            totals.append((total, c))
-        best = min(total for total, _ in totals)
-        tied = [c for total, c in totals if total <= best + 1e-9]
-        chosen = tied[next(self._turn) % len(tied)] if len(tied) > 1 else tied[0]
+        totals = [0.0] * len(candidates)
+        priced: dict[str, list[float]] = {}
+        for cost, weight, name in self._weights:
+            values = priced[name] = cost(request, candidates)
+            if values.count(values[0]) != len(values):  # a flat cost cannot change the pick
+                totals = [t + weight * value for t, value in zip(totals, values, strict=True)]
+        best = min(totals)
+        tied = [i for i, total in enumerate(totals) if total <= best + 1e-9]
+        pick = tied[next(self._turn) % len(tied)] if len(tied) > 1 else tied[0]
+        chosen = candidates[pick]
         return Decision(
             replica=chosen.replica,
             reason=_reason(chosen, candidates, request, len(tied)),
             cached_blocks=chosen.cached_blocks,
             total_blocks=len(request.blocks),
-            costs={name: cost(request, chosen) for cost, _, name in self._weights},
+            costs={name: values[pick] for name, values in priced.items()},
         )
 
     def dispatched(self, decision: Decision, request: RouteRequest) -> None:
@@ -156,25 +164,28 @@ class CacheAwareRouter:
                 self._sessions.popitem(last=False)
 
     def _candidates(self, replicas: Sequence[Replica], request: RouteRequest) -> list[Candidate]:
+        ids = [r.id for r in replicas]
         home: str | None = None
         if request.session is not None:
             home = self._sessions.get(request.session)
-            if home is None or all(r.id != home for r in replicas):
+            if home is None or home not in ids:
                 home = rendezvous(request.session, replicas).id
-        recent = self._load.recent_many([r.id for r in replicas])
+        recent = self._load.recent_many(ids)
         tolerated = (1.0 + self._settings.load_tolerance) * sum(recent) / len(recent)
+        match, blocks = self._index.match, request.blocks
+        engine_load = self._engine_loads.get if self._engine_loads else _no_engine_load
         out = []
-        for replica, work in zip(replicas, recent, strict=True):
-            engine = self._engine_loads.get(replica.url) if self._engine_loads else None
+        for replica, rid, work in zip(replicas, ids, recent, strict=True):
+            engine = engine_load(replica.url) or _IDLE
             out.append(
-                Candidate(
-                    replica=replica,
-                    cached_blocks=self._index.match(replica.id, request.blocks),
-                    recent_work=work,
-                    excess_work=max(0.0, work - tolerated),
-                    queued=replica.inflight + (engine.waiting if engine else 0),
-                    kv_usage=engine.kv_usage if engine else 0.0,
-                    session_home=replica.id == home,
+                Candidate(  # positional: built for every replica on every request
+                    replica,
+                    match(rid, blocks),
+                    work,
+                    work - tolerated if work > tolerated else 0.0,
+                    replica.inflight + engine.waiting,
+                    engine.kv_usage,
+                    rid == home,
                 )
             )
         return out

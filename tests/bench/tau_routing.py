@@ -12,8 +12,10 @@ report: uncached prompt tokens, sum(prompt_tokens - cached_tokens).
 Targets: the gateway (cache-aware), the gateway set to round-robin, the Rust
 `vllm-router --policy cache_aware` (its own cached virtual environment), and the gateway
 with the client shuffling tool order on every request (add `--with-uncanonicalised` for the
-same without canonicalisation: slow, every request misses). Requests per replica come from
-each engine's own /metrics.
+same without canonicalisation: slow, every request misses), and one replica alone: the
+bound no routing can beat, since it sees every turn (two replicas must each compute the
+shared system+tools prefix once more). Requests per replica come from each engine's own
+/metrics; each gateway's request log is kept in .run/bench/tau-request-logs/.
 Prints a table and writes JSON. A benchmark, not a test.
 """
 
@@ -54,6 +56,7 @@ class Target:
     canonicalize: bool = True
     shuffle_tools: bool = False
     weights: str = ""  # YAML flow mapping of routing weights, e.g. "{queue: 0}"
+    replicas: int = 2
 
 
 TARGETS = [
@@ -61,6 +64,9 @@ TARGETS = [
     Target("gateway round-robin", "gateway", strategy="round_robin"),
     Target("vllm-router cache_aware", "vllm-router"),
     Target("gateway, tools shuffled", "gateway", shuffle_tools=True),
+    # The bound no router can beat: one replica sees every turn of every conversation.
+    # (Two replicas must also each compute the shared system+tools prefix once.)
+    Target("one replica (lower bound)", "gateway", replicas=1),
 ]
 # Every request misses after the system prompt: slow on CPU, so only on request.
 UNCANONICALISED = Target(
@@ -130,7 +136,11 @@ def start_target(
     target: Target, workers: list[str], work: Path
 ) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
-    log = (work / f"{target.name.replace(' ', '_').replace(',', '')}.log").open("wb")
+    slug = target.name.replace(" ", "_").replace(",", "")
+    log = (work / f"{slug}.log").open("wb")
+    log_dir = ROOT / ".run" / "bench" / "tau-request-logs"  # what each gateway decided
+    log_dir.mkdir(parents=True, exist_ok=True)
+    (log_dir / f"{slug}.jsonl").unlink(missing_ok=True)
     if target.kind == "vllm-router":
         cmd = [str(router_binary()), "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *workers,
                "--policy", "cache_aware", "--log-level", "warning"]  # fmt: skip
@@ -142,7 +152,7 @@ def start_target(
     policy.write_text(
         f"""version: 1
 state: {{embedded_dir: "{work / f"state-{port}"}"}}
-routing: {{strategy: {target.strategy}{f", weights: {target.weights}" if target.weights else ""}}}
+routing: {{strategy: {target.strategy}, request_log: "{log_dir / f"{slug}.jsonl"}"{f", weights: {target.weights}" if target.weights else ""}}}
 canonicalize: {{sort_tools: {str(target.canonicalize).lower()}, sort_schema_keys: {str(target.canonicalize).lower()}}}
 pools: {{tiny: {{served_model: tiny, replicas: [{replicas}]}}}}
 models: {{tiny: {{pool: tiny}}}}
@@ -242,6 +252,29 @@ def start_engines(work: Path) -> Iterator[Engines]:
         down(paths)
 
 
+def summarise(results: dict[str, Any]) -> dict[str, float]:
+    """The target ratios, for whichever targets ran."""
+
+    def uncached(name: str) -> int | None:
+        return results[name]["uncached_tokens"] if name in results else None
+
+    ours = uncached("gateway cache-aware")
+    summary: dict[str, float] = {}
+    for key, other in (
+        ("uncached_vs_round_robin", "gateway round-robin"),
+        ("uncached_vs_vllm_router", "vllm-router cache_aware"),
+        ("uncached_vs_one_replica_bound", "one replica (lower bound)"),
+    ):
+        theirs = uncached(other)
+        if ours is not None and theirs:
+            summary[key] = round(ours / theirs, 3)
+    shuffled = results.get("gateway, tools shuffled")
+    if ours is not None and shuffled:
+        drop = results["gateway cache-aware"]["cached_share"] - shuffled["cached_share"]
+        summary["shuffled_cached_share_drop_points"] = round(100 * drop, 2)
+    return summary
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--conversations", type=int, default=24)
@@ -250,8 +283,14 @@ def main() -> int:
     parser.add_argument(
         "--with-uncanonicalised", action="store_true", help="also shuffle without canonicalisation"
     )
+    parser.add_argument(
+        "--only", default="", help="comma-separated target names to run (default: all)"
+    )
     args = parser.parse_args()
     targets = [*TARGETS, UNCANONICALISED] if args.with_uncanonicalised else TARGETS
+    if args.only:
+        wanted = {name.strip() for name in args.only.split(",")}
+        targets = [t for t in targets if t.name in wanted]
     convs = conversations(args.conversations, args.max_context_chars)
     print(
         f"bench: {len(convs)} tau-bench conversations, {sum(map(len, convs))} turns, {CONCURRENCY} at a time",
@@ -264,7 +303,7 @@ def main() -> int:
             for target in targets:
                 reset_caches(engines.urls)
                 before = served(engines.urls)
-                proc, base = start_target(target, engines.urls, work)
+                proc, base = start_target(target, engines.urls[: target.replicas], work)
                 try:
                     began = time.monotonic()
                     figures = asyncio.run(run_workload(base, convs, target.shuffle_tools))
@@ -281,23 +320,7 @@ def main() -> int:
                 print(f"bench: {target.name:<46} uncached {figures['uncached_tokens']:>9,}  "
                       f"cached share {figures['cached_share']:.3f}  per replica {per_replica}  "
                       f"({figures['seconds']}s)", flush=True)  # fmt: skip
-    ours = results["gateway cache-aware"]["uncached_tokens"]
-    summary = {
-        "uncached_vs_round_robin": round(
-            ours / max(1, results["gateway round-robin"]["uncached_tokens"]), 3
-        ),
-        "uncached_vs_vllm_router": round(
-            ours / max(1, results["vllm-router cache_aware"]["uncached_tokens"]), 3
-        ),
-        "shuffled_cached_share_drop_points": round(
-            100
-            * (
-                results["gateway cache-aware"]["cached_share"]
-                - results["gateway, tools shuffled"]["cached_share"]
-            ),
-            2,
-        ),
-    }
+    summary = summarise(results)
     report = {"conversations": len(convs), "turns": sum(map(len, convs)), "concurrency": CONCURRENCY,
               "replicas": 2, "profile": "cpu-tiny", "targets": results, "summary": summary}  # fmt: skip
     out = Path(args.out)

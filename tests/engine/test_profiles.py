@@ -28,6 +28,7 @@ def test_cpu_tiny_renders_the_measured_working_flags() -> None:
     ):
         assert flag in args
     assert args[args.index("--tool-call-parser") + 1] == "hermes"
+    assert args[args.index("--block-size") + 1] == "32"  # small blocks: agent turns append
     spec = json.loads(args[args.index("--speculative-config") + 1])
     assert spec == {
         "method": "ngram",

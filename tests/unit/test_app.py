@@ -340,10 +340,12 @@ def test_request_log_feeds_gateway_replay(redis_url: str, tmp_path: Path) -> Non
     with TestClient(create_app(policy, upstream=fake, store=StateStore(policy.state))) as client:
         for _ in range(3):
             client.post("/v1/chat/completions", json=long_chat, headers={"X-Session-Id": "s1"})
+        client.post("/v1/chat/completions", json=long_chat)  # no session id: derived
     entries = [orjson.loads(line) for line in log.read_text().splitlines()]
-    assert len(entries) == 3
+    assert len(entries) == 4
     assert entries[0]["session"] == "s1"
-    assert entries[0]["blocks"] == entries[2]["blocks"]
+    assert entries[3]["session"].startswith("conv:")
+    assert entries[0]["blocks"] == entries[3]["blocks"]
     assert entries[2]["cached_blocks"] == len(entries[2]["blocks"])
     trace = list(read_trace(log, block_tokens=128))
     assert [t.blocks for t in trace] == [tuple(e["blocks"]) for e in entries]

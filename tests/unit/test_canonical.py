@@ -30,7 +30,7 @@ def body(tools: list[dict[str, Any]], system: str = "You are an airline agent.")
 
 
 def canonical_bytes(b: dict[str, Any]) -> bytes:
-    return orjson.dumps(DEFAULT.apply(b) or b)
+    return orjson.dumps(DEFAULT.apply(b).body or b)
 
 
 def shuffled_keys(value: Any, rng: random.Random) -> Any:
@@ -53,7 +53,7 @@ def test_reordered_tools_and_schema_keys_give_identical_bytes() -> None:
 
 
 def test_canonical_tools_are_sorted_by_name_with_sorted_keys() -> None:
-    out = DEFAULT.apply(body(list(reversed(TOOLS))))
+    out = DEFAULT.apply(body(list(reversed(TOOLS)))).body
     assert out is not None
     names = [t["function"]["name"] for t in out["tools"]]
     assert names == sorted(names)
@@ -63,10 +63,14 @@ def test_canonical_tools_are_sorted_by_name_with_sorted_keys() -> None:
 
 
 def test_already_canonical_request_is_left_alone() -> None:
-    once = DEFAULT.apply(body(TOOLS))
+    once = DEFAULT.apply(body(TOOLS)).body
     assert once is not None
-    assert DEFAULT.apply(once) is None
-    assert DEFAULT.apply({"model": "m", "messages": [{"role": "user", "content": "x"}]}) is None
+    again = DEFAULT.apply(once)
+    assert again.body is None
+    assert again.tools_json == orjson.dumps(once["tools"])  # reused for prefix hashing
+    plain = DEFAULT.apply({"model": "m", "messages": [{"role": "user", "content": "x"}]})
+    assert plain.body is None
+    assert plain.tools_json is None
 
 
 def test_different_meaning_gives_different_bytes() -> None:
@@ -83,14 +87,16 @@ def test_canonical_prefix_blocks_survive_tool_shuffling() -> None:
     rng.shuffle(shuffled)
     raw_a, raw_b = request_blocks(body(TOOLS), 512), request_blocks(body(shuffled), 512)
     assert raw_a != raw_b  # without canonicalisation the cacheable prefix breaks
-    canon_a = request_blocks(DEFAULT.apply(body(TOOLS)) or {}, 512)
-    canon_b = request_blocks(DEFAULT.apply(body(shuffled)) or {}, 512)
+    canon_a = request_blocks(DEFAULT.apply(body(TOOLS)).body or {}, 512)
+    canon_b = request_blocks(DEFAULT.apply(body(shuffled)).body or {}, 512)
     assert canon_a == canon_b
 
 
 def test_sorting_can_be_turned_off() -> None:
     off = Canonicalizer(CanonicalizeSpec(sort_tools=False, sort_schema_keys=False))
-    assert off.apply(body(list(reversed(TOOLS)))) is None
+    out = off.apply(body(list(reversed(TOOLS))))
+    assert out.body is None
+    assert out.tools_json == orjson.dumps(list(reversed(TOOLS)))
 
 
 VOLATILE = CanonicalizeSpec(
@@ -108,7 +114,7 @@ def test_volatile_values_move_after_the_conversation() -> None:
     canon = Canonicalizer(VOLATILE)
     day1 = body([], system="Today is 2026-11-29, 14:05 UTC. Ticket TCK-881. Be kind.")
     day2 = body([], system="Today is 2026-11-30, 09:12 UTC. Ticket TCK-882. Be kind.")
-    out1, out2 = canon.apply(day1), canon.apply(day2)
+    out1, out2 = canon.apply(day1).body, canon.apply(day2).body
     assert out1 is not None and out2 is not None
     # The stable system prompt is byte-identical; the values follow at the end.
     assert out1["messages"][0] == out2["messages"][0]
@@ -124,7 +130,9 @@ def test_volatile_note_can_go_into_the_last_user_message() -> None:
     spec = CanonicalizeSpec(
         volatile=VolatileSpec(patterns=(VolatilePattern(name="uuid"),), placement="last_user")
     )
-    out = Canonicalizer(spec).apply(body([], system="Run 123e4567-e89b-12d3-a456-426614174000."))
+    out = (
+        Canonicalizer(spec).apply(body([], system="Run 123e4567-e89b-12d3-a456-426614174000.")).body
+    )
     assert out is not None
     assert out["messages"][0]["content"] == "Run [uuid]."
     assert out["messages"][-1] == {
@@ -134,7 +142,7 @@ def test_volatile_note_can_go_into_the_last_user_message() -> None:
 
 
 def test_volatile_is_off_by_default() -> None:
-    assert DEFAULT.apply(body([], system="Today is 2026-11-29.")) is None
+    assert DEFAULT.apply(body([], system="Today is 2026-11-29.")).body is None
 
 
 def test_unknown_preset_or_bad_regex_is_rejected() -> None:

@@ -31,20 +31,19 @@ def candidate(i: int = 0, **facts: object) -> Candidate:
 
 
 def test_prefix_cost_counts_blocks_to_prefill_plus_one() -> None:
-    assert prefix_cost(REQUEST, candidate(cached_blocks=0)) == 5
-    assert prefix_cost(REQUEST, candidate(cached_blocks=3)) == 2
-    assert prefix_cost(RouteRequest(()), candidate()) == 1
+    assert prefix_cost(REQUEST, [candidate(cached_blocks=0), candidate(cached_blocks=3)]) == [5, 2]
+    assert prefix_cost(RouteRequest(()), [candidate()]) == [1]
 
 
 def test_load_and_queue_costs_read_the_facts() -> None:
-    assert load_cost(REQUEST, candidate(recent_work=40.0, excess_work=12.5)) == 12.5
-    assert queue_cost(REQUEST, candidate(queued=3)) == 3
+    assert load_cost(REQUEST, [candidate(recent_work=40.0, excess_work=12.5)]) == [12.5]
+    assert queue_cost(REQUEST, [candidate(queued=3), candidate(queued=0)]) == [3, 0]
 
 
 def test_session_cost_only_for_leaving_the_sessions_replica() -> None:
-    assert session_cost(REQUEST, candidate(session_home=True)) == 0
-    assert session_cost(REQUEST, candidate(session_home=False)) == 1
-    assert session_cost(RouteRequest((1,)), candidate(session_home=False)) == 0
+    home, away = candidate(session_home=True), candidate(session_home=False)
+    assert session_cost(REQUEST, [home, away]) == [0, 1]
+    assert session_cost(RouteRequest((1,)), [home, away]) == [0, 0]
 
 
 def test_saturated_replicas_are_dropped_unless_all_are() -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.routing.blocks import chain_hashes, request_blocks
+from gateway.routing.blocks import chain_hashes, conversation_key, request_blocks
 from gateway.routing.index import PrefixIndex
 from gateway.routing.load import LoadTracker
 
@@ -19,8 +19,8 @@ def chat(
 
 
 def test_chained_hashes_share_exactly_the_common_prefix() -> None:
-    a = chain_hashes(b"x" * 100 + b"A" * 100, 50)
-    b = chain_hashes(b"x" * 100 + b"B" * 100, 50)
+    a = chain_hashes(b"x" * 128 + b"A" * 128, 64)
+    b = chain_hashes(b"x" * 128 + b"B" * 128, 64)
     assert len(a) == 4
     assert a[:2] == b[:2]
     assert a[2] != b[2]
@@ -28,8 +28,28 @@ def test_chained_hashes_share_exactly_the_common_prefix() -> None:
 
 
 def test_only_whole_blocks_count() -> None:
-    assert chain_hashes(b"x" * 99, 50) == chain_hashes(b"x" * 50, 50)
-    assert chain_hashes(b"x" * 49, 50) == ()
+    assert chain_hashes(b"x" * 127, 64) == chain_hashes(b"x" * 64, 64)
+    assert chain_hashes(b"x" * 63, 64) == ()
+
+
+def test_block_order_and_every_byte_matter() -> None:
+    a, b = b"A" * 64, b"B" * 64
+    assert chain_hashes(a + b, 64)[1] != chain_hashes(b + a, 64)[1]
+    base = bytearray(b"y" * 256)
+    ids = chain_hashes(bytes(base), 64)
+    for position in range(256):  # one byte changed anywhere changes that block's id on
+        changed = bytearray(base)
+        changed[position] ^= 0x80
+        other = chain_hashes(bytes(changed), 64)
+        block = position // 64
+        assert other[:block] == ids[:block]
+        assert all(x != y for x, y in zip(other[block:], ids[block:], strict=True))
+
+
+def test_ids_are_fixed_across_processes_and_versions() -> None:
+    # The request log stores these ids and several gateways must agree on them.
+    assert chain_hashes(b"agent" * 26, 64)[0] == chain_hashes(b"agent" * 13, 64)[0]
+    assert chain_hashes(bytes(range(64)), 64) == (14914201494925833272,)
 
 
 def test_a_later_turn_extends_the_earlier_turns_blocks() -> None:
@@ -61,7 +81,7 @@ def test_tools_are_part_of_the_prefix_after_the_system_prompt() -> None:
 
 
 def test_completion_prompt_blocks() -> None:
-    assert request_blocks({"model": "m", "prompt": "y" * 300}, 100) == chain_hashes(b"y" * 300, 100)
+    assert request_blocks({"model": "m", "prompt": "y" * 300}, 64) == chain_hashes(b"y" * 300, 64)
 
 
 def test_index_matches_leading_run_and_evicts_tails_first() -> None:
@@ -95,3 +115,22 @@ def test_load_decays_with_its_half_life() -> None:
     now[0] = 20.0
     assert abs(load.recent("r") - 50.0) < 1e-6
     assert load.recent("other") == 0.0
+
+
+def test_a_conversation_keeps_its_key_from_turn_to_turn() -> None:
+    user = {"role": "user", "content": "Change my flight"}
+    turn1 = chat(user)
+    turn2 = chat(user, {"role": "assistant", "content": "Sure."}, {"role": "user", "content": "2"})
+    key1 = conversation_key(turn1, request_blocks(turn1, 64))
+    key2 = conversation_key(turn2, request_blocks(turn2, 64))
+    assert key1 is not None
+    assert key1 == key2
+    other = chat({"role": "user", "content": "Cancel my flight"})
+    assert conversation_key(other, request_blocks(other, 64)) != key1
+
+
+def test_no_conversation_key_without_a_message_after_the_system_prompt() -> None:
+    only_system = chat()
+    assert conversation_key(only_system, request_blocks(only_system, 64)) is None
+    assert conversation_key({"model": "m", "prompt": "y" * 300}, (1, 2)) is None
+    assert conversation_key(chat({"role": "user", "content": "hi"}), ()) is None
