@@ -8,7 +8,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: run test check lint typecheck unit integration engine-env schema engine-validate clean help bench-routing
+.PHONY: run test check lint typecheck unit integration engine-env schema engine-validate clean help bench-routing bench-sessions
 
 help:
 	@echo "make run    - engines + gateway on http://127.0.0.1:8080 (Ctrl-C stops all)"
@@ -63,6 +63,10 @@ bench-routing: $(STAMP) engine-env
 	@$(BIN)/python -m tests.bench.routing_overhead
 	@$(BIN)/python -m tests.bench.tau_routing
 	@.venv-engine/bin/python -m tests.bench.tau_floor
+
+# Session checkpoint cost against the local Redis.
+bench-sessions: $(STAMP)
+	@$(BIN)/python -m tests.bench.checkpoint_write
 
 schema: $(STAMP)
 	@$(BIN)/gateway policy schema --out policies/policy.schema.json

@@ -17,6 +17,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway.api.routes import build_api_router
+from gateway.api.sessions import build_sessions_router
 from gateway.engine_metrics import EngineMetricsScraper
 from gateway.errors import (
     GatewayError,
@@ -34,6 +35,8 @@ from gateway.prefix_watch import RedisFingerprints
 from gateway.replicas import Fleet
 from gateway.request_log import RequestLog
 from gateway.routing.build import build_router
+from gateway.sessions.store import RedisCheckpoints
+from gateway.sessions.turns import SessionTurns
 from gateway.state_store import StateStore
 from gateway.upstream import AiohttpUpstream, Upstream
 
@@ -65,6 +68,8 @@ def create_app(
         assert state.redis is not None
         log_path = policy.routing.request_log
         request_log = RequestLog(Path(log_path)) if log_path else None
+        checkpoints = RedisCheckpoints(state.redis, ttl_s=policy.sessions.ttl_s)
+        app.state.checkpoints = checkpoints
         app.state.pipeline = Pipeline(
             policy,
             fleet,
@@ -73,6 +78,7 @@ def create_app(
             fingerprints=RedisFingerprints(state.redis),
             metrics=metrics,
             request_log=request_log,
+            sessions=SessionTurns(checkpoints),
         )
         if monitor is not None and scraper is not None:
             await monitor.check_all(first=True)  # know who is up before the first request
@@ -98,6 +104,7 @@ def create_app(
     )
     app.add_middleware(RequestIdMiddleware)
     app.include_router(build_api_router(policy, fleet, state, metrics))
+    app.include_router(build_sessions_router())
     _install_error_handlers(app)
     return app
 

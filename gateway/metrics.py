@@ -33,5 +33,14 @@ class GatewayMetrics:
             registry=self.registry,
         )
 
+        self.checkpoints = Counter(
+            "gateway_session_checkpoints",
+            "Session turns checkpointed, by outcome (written, failed).",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.checkpoint_failures = self.checkpoints.labels("failed")
+        self.checkpoints_written = self.checkpoints.labels("written")
+
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from starlette.responses import Response
 
@@ -17,6 +19,7 @@ from gateway.canonical import Canonicalizer, Fingerprint, fingerprint
 from gateway.conformance import conform_response
 from gateway.errors import (
     GatewayError,
+    InvalidRequest,
     NoHealthyReplica,
     UpstreamTimeout,
     upstream_error_from_body,
@@ -31,7 +34,15 @@ from gateway.request_log import RequestLog
 from gateway.routing.blocks import conversation_key, request_blocks
 from gateway.routing.costs import RouteRequest
 from gateway.routing.router import Decision, Router
+from gateway.sessions.checkpoints import Message
+from gateway.sessions.keys import SessionRef, session_for
+from gateway.sessions.replies import reply_from_completion
+from gateway.sessions.store import StateUnavailable
+from gateway.sessions.turns import SessionTurns, Turn, context_mode
 from gateway.upstream import ConnectFailed, Upstream, UpstreamResponse
+
+# Called with the turn's reply and usage once it completed; returns the turn's number.
+Checkpointer = Callable[[Message | None, dict[str, Any] | None], Awaitable[int | None]]
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +58,8 @@ class RequestContext:
     """What the HTTP layer knows about a request besides its body."""
 
     request_id: str
-    session_id: str | None = None
+    session_id: str | None = None  # the X-Session-Id header
+    context_mode: str | None = None  # the X-Context-Mode header
 
 
 @dataclass(frozen=True)
@@ -78,8 +90,10 @@ class Pipeline:
         fingerprints: FingerprintStore,
         metrics: GatewayMetrics,
         request_log: RequestLog | None = None,
+        sessions: SessionTurns | None = None,
     ) -> None:
         self._request_log = request_log
+        self._sessions = sessions
         self._policy = policy
         self._fleet = fleet
         self._router = router
@@ -99,9 +113,13 @@ class Pipeline:
     ) -> Response:
         request = parse_request(endpoint, raw_body)
         pool = self._fleet.pool_for(request.model, endpoint)
+        session = self._session_of(request, context)
+        turn, request = await self._hydrate(request, session, context)
         request, tools_json = self._canonicalise(request)
-        prefix_changes = await self._prefix_changes(request, context)
-        route = self._route_request(request, context, tools_json)
+        prefix_changes = await self._prefix_changes(request, session)
+        route = self._route_request(
+            request, session.id if session else context.session_id, tools_json
+        )
         dispatch = await self._dispatch(pool, request, route, context)
         self._record_route(pool, dispatch.decision)
         if self._request_log is not None:
@@ -109,9 +127,87 @@ class Pipeline:
         headers = dispatch.headers()
         if prefix_changes:
             headers["X-Gateway-Prefix-Change"] = ",".join(prefix_changes)
+        checkpoint = None
+        if turn is not None:
+            headers["X-Gateway-Session"] = turn.session.id
+            checkpoint = self._checkpointer(turn, request, pool, dispatch, context)
         if request.stream:
-            return self._relay_stream(request, dispatch, headers)
-        return await self._relay_whole(dispatch, headers)
+            return self._relay_stream(request, dispatch, headers, checkpoint)
+        return await self._relay_whole(dispatch, headers, checkpoint)
+
+    def _session_of(self, request: InboundRequest, context: RequestContext) -> SessionRef | None:
+        if request.endpoint is not Endpoint.chat:
+            return None
+        return session_for(self._policy.sessions, context.session_id, request.body)
+
+    async def _hydrate(
+        self, request: InboundRequest, session: SessionRef | None, context: RequestContext
+    ) -> tuple[Turn | None, InboundRequest]:
+        """Continue the session: in delta mode, put the stored conversation in front."""
+        mode = context_mode(context.context_mode)
+        if session is None or self._sessions is None or not self._policy.sessions.enabled:
+            if mode == "delta":
+                raise InvalidRequest(
+                    "X-Context-Mode: delta continues a stored session: name it with "
+                    "X-Session-Id (sessions must be enabled in the policy).",
+                    param="X-Context-Mode",
+                    code="session_required",
+                )
+            return None, request
+        try:
+            turn, body = await self._sessions.begin(session, mode, request.body)
+        except StateUnavailable as exc:
+            if mode == "delta":
+                raise  # the conversation cannot be rebuilt without the store
+            # The client sent its whole history: serve it; the next turn's checkpoint
+            # takes in what this one could not store.
+            log.warning("session %s not loaded, turn served unsaved: %s", session.id, exc)
+            self._metrics.checkpoint_failures.inc()
+            return None, request
+        if body is not request.body:
+            request = request.with_body(body)
+        return turn, request
+
+    def _checkpointer(
+        self,
+        turn: Turn,
+        request: InboundRequest,
+        pool: Pool,
+        dispatch: _Dispatch,
+        context: RequestContext,
+    ) -> Checkpointer:
+        """What to call with the reply once the turn has completed."""
+        sessions = self._sessions
+        assert sessions is not None
+        decision = dispatch.decision
+        engine_body = {**request.body, "model": pool.spec.served_model}
+        route = {
+            "replica": decision.replica.id,
+            "reason": decision.reason,
+            "cached_blocks": decision.cached_blocks,
+            "total_blocks": decision.total_blocks,
+        }
+
+        async def commit(reply: Message | None, usage: dict[str, Any] | None) -> int | None:
+            try:
+                number = await sessions.commit(
+                    turn,
+                    engine_body=engine_body,
+                    reply=reply,
+                    usage=usage,
+                    route=route,
+                    request_id=context.request_id,
+                    model=request.model,
+                )
+            except StateUnavailable as exc:
+                # The answer still reaches the client; the turn is reported unsaved.
+                log.warning("checkpoint of session %s not written: %s", turn.session.id, exc)
+                self._metrics.checkpoint_failures.inc()
+                return None
+            self._metrics.checkpoints_written.inc()
+            return number
+
+        return commit
 
     def _canonicalise(self, request: InboundRequest) -> tuple[InboundRequest, bytes | None]:
         """The canonical request, and its tools serialised (prefix hashing reuses them)."""
@@ -122,13 +218,15 @@ class Pipeline:
             request = request.with_body(canonical.body)
         return request, canonical.tools_json
 
-    async def _prefix_changes(self, request: InboundRequest, context: RequestContext) -> list[str]:
-        if context.session_id is None or request.endpoint is not Endpoint.chat:
+    async def _prefix_changes(
+        self, request: InboundRequest, session: SessionRef | None
+    ) -> list[str]:
+        if session is None:
             return []
         if not self._canonical[request.model].spec.detect_prefix_changes:
             return []
         current = fingerprint(request.body)
-        previous_text = await self._fingerprints.swap(context.session_id, current.encode())
+        previous_text = await self._fingerprints.swap(session.id, current.encode())
         previous = Fingerprint.decode(previous_text) if previous_text else None
         changes = current.changes_from(previous) if previous else []
         for part in changes:
@@ -143,10 +241,9 @@ class Pipeline:
             blocks.labels(pool.name, "no").inc(decision.total_blocks - decision.cached_blocks)
 
     def _route_request(
-        self, request: InboundRequest, context: RequestContext, tools_json: bytes | None
+        self, request: InboundRequest, session: str | None, tools_json: bytes | None
     ) -> RouteRequest:
         blocks: tuple[int, ...] = ()
-        session = context.session_id
         if self._prefix_routing and request.endpoint is not Endpoint.embeddings:
             routing = self._policy.routing
             blocks = request_blocks(request.body, routing.block_bytes, tools_json)
@@ -206,7 +303,9 @@ class Pipeline:
             )
         return upstream_error_from_body(status, payload)
 
-    async def _relay_whole(self, dispatch: _Dispatch, headers: dict[str, str]) -> Response:
+    async def _relay_whole(
+        self, dispatch: _Dispatch, headers: dict[str, str], checkpoint: Checkpointer | None
+    ) -> Response:
         replica, response = dispatch.replica, dispatch.response
         try:
             async with asyncio.timeout_at(dispatch.deadline):
@@ -218,6 +317,9 @@ class Pipeline:
             ) from None
         finally:
             replica.inflight -= 1
+        if checkpoint is not None:
+            turn_number = await checkpoint(*reply_from_completion(payload))
+            headers["X-Gateway-Session-Turn"] = str(turn_number) if turn_number else "unsaved"
         return Response(
             conform_response(payload),
             status_code=200,
@@ -226,7 +328,11 @@ class Pipeline:
         )
 
     def _relay_stream(
-        self, request: InboundRequest, dispatch: _Dispatch, headers: dict[str, str]
+        self,
+        request: InboundRequest,
+        dispatch: _Dispatch,
+        headers: dict[str, str],
+        checkpoint: Checkpointer | None,
     ) -> RelayResponse:
         relay = StreamRelay(
             dispatch.replica,
@@ -235,5 +341,6 @@ class Pipeline:
             idle_s=self._policy.timeouts.idle_s,
             # Only logprobs chunks need fixing; every other stream passes byte for byte.
             conform=bool(request.body.get("logprobs")),
+            on_done=checkpoint,
         )
         return RelayResponse(relay, headers)

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import orjson
 from starlette.responses import StreamingResponse
@@ -20,6 +21,8 @@ from starlette.types import Receive, Scope, Send
 from gateway.conformance import conform_event
 from gateway.errors import GatewayError, UpstreamError, UpstreamTimeout
 from gateway.replicas import Replica
+from gateway.sessions.checkpoints import Message
+from gateway.sessions.replies import ReplyCollector
 from gateway.sse import SSEFramer, data_event
 from gateway.upstream import UpstreamResponse
 
@@ -37,8 +40,12 @@ class StreamRelay:
         deadline: float,
         idle_s: float,
         conform: bool = False,
+        on_done: Callable[[Message | None, dict[str, Any] | None], Awaitable[object]] | None = None,
     ) -> None:
         self.replica = replica
+        # A session turn: collect the reply as it passes and checkpoint it before [DONE].
+        self._on_done = on_done
+        self._reply = ReplyCollector() if on_done is not None else None
         self._conform = conform
         self._response = response
         self._deadline = deadline
@@ -67,6 +74,10 @@ class StreamRelay:
                         yield rest
                     return
                 for event in framer.feed(chunk):
+                    if self._reply is not None and not self._reply.done:
+                        self._reply.feed(event)
+                        if self._reply.done and self._on_done is not None:
+                            await self._on_done(self._reply.message(), self._reply.usage)
                     yield conform_event(event) if self._conform else event
         finally:
             self.close()

@@ -36,6 +36,7 @@ def build_api_router(
         context = RequestContext(
             request_id=request.state.request_id,
             session_id=request.headers.get("x-session-id") or None,
+            context_mode=request.headers.get("x-context-mode"),
         )
         return await pipeline.handle(endpoint, body, context)
 

@@ -168,6 +168,20 @@ class StateSpec(Strict):
     max_connections: int = Field(256, ge=1, description="Size of the blocking connection pool.")
 
 
+class SessionsSpec(Strict):
+    enabled: bool = Field(True, description="Checkpoint every turn of a keyed session in Redis.")
+    key_from: tuple[Literal["header", "metadata", "user"], ...] = Field(
+        ("header",),
+        description="Where a session key is read, first found wins: the X-Session-Id header, "
+        "`metadata.session_id`, or the `user` field.",
+    )
+    ttl_s: int = Field(
+        7 * 86_400,
+        ge=60,
+        description="A session's checkpoints expire this long after its last turn.",
+    )
+
+
 class ReplicaSpec(Strict):
     url: BaseUrl
 
@@ -207,6 +221,7 @@ class Policy(Strict):
     timeouts: TimeoutsSpec = TimeoutsSpec()
     health: HealthSpec = HealthSpec()
     state: StateSpec = StateSpec()
+    sessions: SessionsSpec = SessionsSpec()
     routing: RoutingSpec = RoutingSpec()
     canonicalize: CanonicalizeSpec = CanonicalizeSpec()
     pools: dict[Name, PoolSpec] = Field(min_length=1)

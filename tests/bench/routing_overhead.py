@@ -18,7 +18,6 @@ import argparse
 import json
 import random
 import time
-from pathlib import Path
 from typing import Any
 
 from engine.supervisor import ROOT
@@ -29,6 +28,7 @@ from gateway.replicas import Replica
 from gateway.routing.blocks import conversation_key, request_blocks
 from gateway.routing.build import build_router
 from gateway.routing.costs import RouteRequest
+from tests.bench.report import write_report
 from tests.bench.tau_routing import DATA
 
 REPLICAS = 8
@@ -111,10 +111,7 @@ def main() -> int:
         p50, p99 = percentile(values, 0.5), percentile(values, 0.99)
         report["microseconds"][name] = {"p50": round(p50, 1), "p99": round(p99, 1)}
         print(f"{name:<17} {p50:>8.1f} {p99:>8.1f}")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {out}")
+    write_report(report, args.out)
     return 0
 
 

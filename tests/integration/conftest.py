@@ -16,6 +16,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +41,7 @@ class Engines:
 class Gateway:
     base_url: str  # http://127.0.0.1:PORT
     log: Path
+    policy: Path
 
     @property
     def v1(self) -> str:
@@ -120,24 +122,22 @@ models:
   tiny-all-down: {{pool: all-down}}
 """
     )
-    port = _free_port()
-    log = work / "gateway.log"
-    with log.open("wb") as out:
+    with running_gateway(policy, work / "gateway.log") as gateway:
+        yield gateway
+
+
+@contextmanager
+def running_gateway(policy: Path, log: Path, port: int | None = None) -> Iterator[Gateway]:
+    """`gateway serve` as a real process; stopped (SIGTERM, graceful) on exit."""
+    port = port or _free_port()
+    with log.open("ab") as out:
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "gateway",
-                "serve",
-                "--policy",
-                str(policy),
-                "--port",
-                str(port),
-            ],
+            [sys.executable, "-m", "gateway", "serve", "--policy", str(policy),
+             "--port", str(port)],
             cwd=ROOT,
             stdout=out,
             stderr=subprocess.STDOUT,
-        )
+        )  # fmt: skip
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
@@ -151,7 +151,7 @@ models:
                 if time.monotonic() > deadline:
                     pytest.fail(f"gateway did not start:\n{log.read_text()}")
                 time.sleep(0.2)
-        yield Gateway(base, log)
+        yield Gateway(base, log, policy)
     finally:
         proc.terminate()
         proc.wait(timeout=30)

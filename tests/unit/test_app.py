@@ -16,6 +16,7 @@ from gateway.policy import Policy, parse_policy
 from gateway.replay.traces import read_trace
 from gateway.state_store import StateStore
 from tests.fakes import Call, FakeUpstream, Scripted
+from tests.unit.clients import OpenGateways
 
 POLICY = """\
 version: 1
@@ -48,18 +49,9 @@ Client = Callable[[Callable[[Call], Scripted]], tuple[TestClient, FakeUpstream]]
 
 @pytest.fixture
 def make_client(policy: Policy) -> Iterator[Client]:
-    clients: list[TestClient] = []
-
-    def make(script: Callable[[Call], Scripted]) -> tuple[TestClient, FakeUpstream]:
-        fake = FakeUpstream(script)
-        client = TestClient(create_app(policy, upstream=fake, store=StateStore(policy.state)))
-        client.__enter__()
-        clients.append(client)
-        return client, fake
-
-    yield make
-    for client in clients:
-        client.__exit__(None, None, None)
+    gateways = OpenGateways()
+    yield lambda script: gateways.open(policy, script)
+    gateways.close_all()
 
 
 def ok(call: Call) -> Scripted:

@@ -17,6 +17,9 @@ from gateway.policy import Endpoint, parse_policy
 from gateway.prefix_watch import MemoryFingerprints
 from gateway.replicas import Fleet
 from gateway.routing.router import RoundRobinRouter
+from gateway.sessions.keys import SessionRef
+from gateway.sessions.store import MemoryCheckpoints
+from gateway.sessions.turns import SessionTurns
 from tests.fakes import Call, FakeUpstream, Scripted
 
 POLICY = parse_policy(
@@ -112,3 +115,43 @@ async def test_response_cancelled_before_its_first_byte_still_frees_the_replica(
         await response(scope, receive, send)
     assert fleet.pools["p"].replicas[0].inflight == 0
     assert upstream.responses[0].aborted
+
+
+async def test_a_session_turn_is_checkpointed_before_done_is_forwarded() -> None:
+    upstream = FakeUpstream(
+        lambda call: Scripted(
+            chunks=[
+                b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n',
+                b"data: [DONE]\n\n",
+            ],
+            content_type="text/event-stream",
+        )
+    )
+    store = MemoryCheckpoints()
+    pipeline = Pipeline(
+        POLICY,
+        Fleet(POLICY),
+        RoundRobinRouter(),
+        upstream,
+        fingerprints=MemoryFingerprints(),
+        metrics=GatewayMetrics(),
+        sessions=SessionTurns(store),
+    )
+    forwarded: list[bytes] = []
+    seen_at_checkpoint: list[list[bytes]] = []
+    append = store.append
+
+    async def recording_append(*args, **kwargs):  # type: ignore[no-untyped-def]
+        seen_at_checkpoint.append(list(forwarded))
+        return await append(*args, **kwargs)
+
+    store.append = recording_append  # type: ignore[method-assign]
+    response = await pipeline.handle(Endpoint.chat, BODY, RequestContext("r", session_id="s"))
+    async for event in cast(StreamingResponse, response).body_iterator:
+        forwarded.append(event.encode() if isinstance(event, str) else bytes(event))
+    assert forwarded[-1] == b"data: [DONE]\n\n"
+    assert seen_at_checkpoint == [forwarded[:1]]  # the content was out, [DONE] was not
+    assert store.turns[SessionRef("default", "s")][0].reply == {
+        "role": "assistant",
+        "content": "hi",
+    }

@@ -1,0 +1,127 @@
+"""Session time travel: list a session's checkpoints, see exactly what the engine was sent
+at turn n and why, fork a session from a checkpoint, delete a session."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import orjson
+from fastapi import APIRouter
+from starlette.requests import Request
+from starlette.responses import Response
+
+from gateway.errors import InvalidRequest, NotFound
+from gateway.sessions.checkpoints import Checkpoint, engine_request
+from gateway.sessions.keys import DEFAULT_TENANT, SessionRef, check_session_id
+from gateway.sessions.store import CheckpointStore
+
+
+def _json(data: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(data), status_code=status, media_type="application/json")
+
+
+def _session(session_id: str) -> SessionRef:
+    return SessionRef(DEFAULT_TENANT, check_session_id(session_id, param="session_id"))
+
+
+def _summary(turn: int, checkpoint: Checkpoint) -> dict[str, Any]:
+    return {
+        "turn": turn,
+        "created_at": checkpoint.created_at,
+        "request_id": checkpoint.request_id,
+        "model": checkpoint.model,
+        "mode": checkpoint.mode,
+        "new_messages": len(checkpoint.new_messages),
+        "rewrite": checkpoint.rewrite,
+        "route": checkpoint.route,
+        "usage": checkpoint.usage,
+    }
+
+
+async def _load(store: CheckpointStore, session: SessionRef) -> list[Checkpoint]:
+    checkpoints = await store.load(session)
+    if not checkpoints:
+        raise NotFound(f"No session `{session.id}` (or it expired).", code="session_not_found")
+    return checkpoints
+
+
+def _turn(value: Any, last: int, *, param: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= last:
+        raise InvalidRequest(f"`{param}` must be a turn number from 1 to {last}.", param=param)
+    return value
+
+
+def build_sessions_router() -> APIRouter:
+    router = APIRouter()
+
+    def store_of(request: Request) -> CheckpointStore:
+        store: CheckpointStore = request.app.state.checkpoints
+        return store
+
+    @router.get("/v1/sessions/{session_id}/checkpoints")
+    async def list_checkpoints(session_id: str, request: Request) -> Response:
+        session = _session(session_id)
+        checkpoints = await _load(store_of(request), session)
+        data = [_summary(i + 1, c) for i, c in enumerate(checkpoints)]
+        return _json({"object": "list", "session_id": session.id, "data": data})
+
+    @router.get("/v1/sessions/{session_id}/checkpoints/{turn}")
+    async def get_checkpoint(session_id: str, turn: str, request: Request) -> Response:
+        session = _session(session_id)
+        store = store_of(request)
+        checkpoints = await _load(store, session)
+        if not turn.isdigit() or not 1 <= int(turn) <= len(checkpoints):
+            raise NotFound(
+                f"Session `{session.id}` has turns 1 to {len(checkpoints)}, not `{turn}`.",
+                code="checkpoint_not_found",
+            )
+        number = int(turn)
+        checkpoint = checkpoints[number - 1]
+        body = {
+            "object": "session.checkpoint",
+            "session_id": session.id,
+            **_summary(number, checkpoint),
+            "client_messages": checkpoint.new_messages,
+            "engine_request": engine_request(checkpoints, number, await store.blobs(session)),
+            "reply": checkpoint.reply,
+            "entities": checkpoint.entities,
+        }
+        return _json(body)
+
+    @router.post("/v1/sessions/{session_id}/fork")
+    async def fork(session_id: str, request: Request) -> Response:
+        source = _session(session_id)
+        store = store_of(request)
+        checkpoints = await _load(store, source)
+        raw = await request.body()
+        try:
+            options = orjson.loads(raw) if raw.strip() else {}
+        except orjson.JSONDecodeError:
+            raise InvalidRequest("The body must be JSON.", code="invalid_json") from None
+        if not isinstance(options, dict):
+            raise InvalidRequest("The body must be a JSON object.", code="invalid_json")
+        turns = _turn(options.get("turn", len(checkpoints)), len(checkpoints), param="turn")
+        new_id = options.get("session_id") or f"{source.id}.fork-{uuid.uuid4().hex[:8]}"
+        if not isinstance(new_id, str):
+            raise InvalidRequest("`session_id` must be a string.", param="session_id")
+        target = SessionRef(source.tenant, check_session_id(new_id, param="session_id"))
+        if target == source:
+            raise InvalidRequest("A fork needs a new session id.", param="session_id")
+        await store.fork(source, turns, target)
+        body = {
+            "object": "session",
+            "id": target.id,
+            "turns": turns,
+            "forked_from": {"session_id": source.id, "turn": turns},
+        }
+        return _json(body, 201)
+
+    @router.delete("/v1/sessions/{session_id}")
+    async def delete(session_id: str, request: Request) -> Response:
+        session = _session(session_id)
+        if not await store_of(request).delete(session):
+            raise NotFound(f"No session `{session.id}` (or it expired).", code="session_not_found")
+        return _json({"id": session.id, "object": "session.deleted", "deleted": True})
+
+    return router

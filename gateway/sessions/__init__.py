@@ -1,0 +1,1 @@
+"""Sessions: durable per-turn checkpoints in Redis, hydration, time travel."""

@@ -1,0 +1,101 @@
+"""One checkpoint per completed turn, and how a session's history is folded from them.
+
+A checkpoint stores what the turn *added*, not the whole conversation again: the client's
+new messages (or, when the client rewrote its history, all of it, marked `rewrite`), the
+assistant's reply, and what the engine received besides the history (tool sets are kept
+once per session by digest). Folding the checkpoints in order gives the conversation at
+any turn, and the exact request the engine saw at turn n is rebuilt from it; where the
+engine's messages differ from the conversation (a canonicaliser moved volatile values), the
+checkpoint holds the engine's messages whole. So a 32 KB session costs about 32 KB of
+Redis, not the sum of every turn's context.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+import orjson
+
+Message = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    created_at: float
+    request_id: str
+    model: str
+    mode: Literal["full", "delta"]  # what the client sent: its whole history, or what is new
+    new_messages: list[Message]
+    rewrite: bool  # the client's history did not extend the stored one: new_messages is all
+    reply: Message | None
+    engine: dict[str, Any]  # the engine request without `messages`; tools as {"$blob": digest}
+    engine_messages: list[Message] | None = None  # only when they differ from the history
+    route: dict[str, Any] = field(default_factory=dict)
+    usage: dict[str, Any] | None = None
+    entities: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> Checkpoint:
+        data = orjson.loads(raw)
+        return cls(**data)
+
+
+def history(checkpoints: Sequence[Checkpoint], *, with_last_reply: bool = True) -> list[Message]:
+    """The conversation after these turns: every turn's new messages and reply, in order."""
+    messages: list[Message] = []
+    for i, checkpoint in enumerate(checkpoints):
+        if checkpoint.rewrite:
+            messages = list(checkpoint.new_messages)
+        else:
+            messages.extend(checkpoint.new_messages)
+        last = i == len(checkpoints) - 1
+        if checkpoint.reply is not None and (with_last_reply or not last):
+            messages.append(checkpoint.reply)
+    return messages
+
+
+def new_messages(stored: list[Message], sent: list[Message]) -> tuple[list[Message], bool]:
+    """What a client that resends its whole history added this turn: the part after the
+    stored conversation, or everything (a rewrite) when the stored part was changed."""
+    if len(sent) >= len(stored) and sent[: len(stored)] == stored:
+        return sent[len(stored) :], False
+    return list(sent), True
+
+
+def digest(value: Any) -> str:
+    return hashlib.blake2b(orjson.dumps(value), digest_size=12).hexdigest()
+
+
+def split_engine_request(body: dict[str, Any]) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """The engine request without messages, tools replaced by their digest; and the blobs."""
+    engine = {k: v for k, v in body.items() if k != "messages"}
+    blobs: dict[str, bytes] = {}
+    tools = engine.get("tools")
+    if tools:
+        key = digest(tools)
+        blobs[key] = orjson.dumps(tools)
+        engine["tools"] = {"$blob": key}
+    return engine, blobs
+
+
+def engine_request(
+    checkpoints: Sequence[Checkpoint], turn: int, blobs: dict[str, bytes]
+) -> dict[str, Any]:
+    """Exactly what the engine was sent at `turn` (1-based)."""
+    checkpoint = checkpoints[turn - 1]
+    messages = checkpoint.engine_messages
+    if messages is None:
+        messages = history(checkpoints[:turn], with_last_reply=False)
+    body = dict(checkpoint.engine)
+    tools = body.get("tools")
+    if isinstance(tools, dict) and "$blob" in tools:
+        raw = blobs.get(tools["$blob"])
+        body["tools"] = orjson.loads(raw) if raw is not None else None
+    body["messages"] = messages
+    return body

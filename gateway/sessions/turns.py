@@ -1,0 +1,98 @@
+"""A request's turn in its session: hydrate before routing, checkpoint after the reply.
+
+`begin` reads the session's checkpoints. With `X-Context-Mode: delta` the client sent only
+what is new and the stored conversation is put in front of it; otherwise the client resent
+its history and only what it added is kept. `commit` appends the completed turn; it is
+called before the client sees the end of the answer (`data: [DONE]`), and never for a turn
+that failed, which leaves the previous checkpoint as it was.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+from gateway.errors import InvalidRequest
+from gateway.sessions.checkpoints import (
+    Checkpoint,
+    Message,
+    history,
+    new_messages,
+    split_engine_request,
+)
+from gateway.sessions.keys import SessionRef
+from gateway.sessions.replies import normalise
+from gateway.sessions.store import CheckpointStore
+
+ContextMode = Literal["full", "delta"]
+
+
+def context_mode(header: str | None) -> ContextMode:
+    if header is None or header == "" or header.lower() == "full":
+        return "full"
+    if header.lower() == "delta":
+        return "delta"
+    raise InvalidRequest(
+        "X-Context-Mode must be `full` (the default) or `delta`.",
+        param="X-Context-Mode",
+        code="invalid_context_mode",
+    )
+
+
+@dataclass(frozen=True)
+class Turn:
+    session: SessionRef
+    mode: ContextMode
+    prior: list[Checkpoint]
+    new_messages: list[Message]
+    rewrite: bool
+
+
+class SessionTurns:
+    def __init__(self, store: CheckpointStore) -> None:
+        self.store = store
+
+    async def begin(
+        self, session: SessionRef, mode: ContextMode, body: dict[str, Any]
+    ) -> tuple[Turn, dict[str, Any]]:
+        """The turn, and the body to send on (the whole conversation, in delta mode)."""
+        prior = await self.store.load(session)
+        stored = history(prior)
+        sent = [normalise(m) for m in body.get("messages") or ()]
+        if mode == "delta":
+            body = {**body, "messages": [*stored, *body.get("messages", ())]}
+            return Turn(session, mode, prior, sent, False), body
+        added, rewrite = new_messages(stored, sent)
+        return Turn(session, mode, prior, added, rewrite), body
+
+    async def commit(
+        self,
+        turn: Turn,
+        *,
+        engine_body: dict[str, Any],
+        reply: Message | None,
+        usage: dict[str, Any] | None,
+        route: dict[str, Any],
+        request_id: str,
+        model: str,
+    ) -> int:
+        engine, blobs = split_engine_request(engine_body)
+        checkpoint = Checkpoint(
+            created_at=round(time.time(), 3),
+            request_id=request_id,
+            model=model,
+            mode=turn.mode,
+            new_messages=turn.new_messages,
+            rewrite=turn.rewrite,
+            reply=reply,
+            engine=engine,
+            route=route,
+            usage=usage,
+        )
+        sent = [normalise(m) for m in engine_body.get("messages") or ()]
+        if sent != history([*turn.prior, checkpoint], with_last_reply=False):
+            # The engine saw other messages than the conversation (volatile values moved):
+            # keep them whole, so time travel shows exactly what it saw.
+            checkpoint = replace(checkpoint, engine_messages=sent)
+        return await self.store.append(turn.session, checkpoint, blobs)

@@ -1,0 +1,111 @@
+"""Benchmark: session checkpoint writes and loads against local Redis.
+
+    .venv/bin/python -m tests.bench.checkpoint_write [--redis-url URL] [--out FILE]
+
+Replays tau-bench conversations turn by turn through the gateway's real session code
+(`SessionTurns.begin` then `commit`, what every session turn costs the request path) until
+each conversation's history reaches 32 KB, against the Redis at --redis-url (default: the
+local one, database 9). Prints p50/p99 of the checkpoint write and of the session load,
+and the Redis memory a 32 KB session takes (MEMORY USAGE), then writes JSON.
+A benchmark, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+import uuid
+from typing import Any
+
+import orjson
+import redis.asyncio as aioredis
+
+from engine.supervisor import ROOT
+from gateway.replay.sim import percentile
+from gateway.sessions.keys import SessionRef
+from gateway.sessions.replies import normalise
+from gateway.sessions.store import RedisCheckpoints
+from gateway.sessions.turns import SessionTurns
+from tests.bench.report import write_report
+from tests.bench.tau_routing import DATA
+
+HISTORY_BYTES = 32 * 1024
+
+
+def conversations(limit: int) -> list[dict[str, Any]]:
+    out = []
+    with DATA.open() as lines:
+        for line in lines:
+            out.append(json.loads(line))
+            if len(out) == limit:
+                break
+    return out
+
+
+async def run(redis_url: str, limit: int) -> dict[str, Any]:
+    redis = aioredis.Redis.from_url(redis_url)
+    turns = SessionTurns(RedisCheckpoints(redis, ttl_s=600))
+    writes: list[float] = []
+    loads: list[float] = []
+    memory: list[int] = []
+    try:
+        for record in conversations(limit):
+            session = SessionRef("bench", uuid.uuid4().hex)
+            messages = record["messages"]
+            for i, message in enumerate(messages):
+                if message["role"] != "assistant":
+                    continue
+                history = messages[:i]
+                if len(orjson.dumps(history)) > HISTORY_BYTES:
+                    break
+                body = {"model": "tiny", "messages": history, "tools": record["tools"]}
+                t0 = time.perf_counter()
+                turn, sent = await turns.begin(session, "full", body)
+                t1 = time.perf_counter()
+                await turns.commit(
+                    turn, engine_body=sent, reply=normalise(message), usage=None,
+                    route={"replica": "r", "reason": "prefix"}, request_id="b", model="tiny",
+                )  # fmt: skip
+                t2 = time.perf_counter()
+                loads.append((t1 - t0) * 1e6)
+                writes.append((t2 - t1) * 1e6)
+            used = 0
+            for part in ("turns", "blobs"):
+                used += int(await redis.memory_usage(session.key(part)) or 0)
+            memory.append(used)
+            await redis.delete(session.key("turns"), session.key("blobs"))
+    finally:
+        await redis.aclose()
+    writes.sort()
+    loads.sort()
+    return {
+        "turns": len(writes),
+        "sessions": len(memory),
+        "history_bytes_at_most": HISTORY_BYTES,
+        "write_us": {"p50": round(percentile(writes, 0.5)), "p99": round(percentile(writes, 0.99))},
+        "load_us": {"p50": round(percentile(loads, 0.5)), "p99": round(percentile(loads, 0.99))},
+        "redis_bytes_per_session": {"mean": round(sum(memory) / max(1, len(memory)))},
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/9")
+    parser.add_argument("--conversations", type=int, default=100)
+    parser.add_argument("--out", default=str(ROOT / ".run" / "bench" / "checkpoint-write.json"))
+    args = parser.parse_args()
+    report = asyncio.run(run(args.redis_url, args.conversations))
+    print(f"{report['turns']} turns over {report['sessions']} sessions (history <= 32 KB)")
+    print(f"{'operation':<20} {'p50 us':>8} {'p99 us':>8}")
+    for name in ("write", "load"):
+        figures = report[f"{name}_us"]
+        print(f"{'checkpoint ' + name:<20} {figures['p50']:>8} {figures['p99']:>8}")
+    print(f"redis memory per session: {report['redis_bytes_per_session']['mean']:,} bytes")
+    write_report(report, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

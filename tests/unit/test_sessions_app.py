@@ -1,0 +1,250 @@
+"""Sessions over HTTP, engine replaced by its twin, Redis real: checkpoints per turn,
+delta hydration, time travel, fork and delete, two gateways sharing one session."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import orjson
+import pytest
+from starlette.testclient import TestClient
+
+from gateway.policy import Policy, parse_policy
+from gateway.sessions.replies import normalise
+from tests.fakes import Call, FakeUpstream, Scripted
+from tests.unit.clients import OpenGateways
+
+POLICY = """\
+version: 1
+pools:
+  chat:
+    served_model: served-tiny
+    replicas: [{url: "http://a.test:1"}]
+models:
+  tiny: {pool: chat}
+"""
+SYSTEM = {"role": "system", "content": "Be brief."}
+
+
+def completion(text: str) -> bytes:
+    return orjson.dumps({
+        "id": "c", "object": "chat.completion",
+        "choices": [{"index": 0, "finish_reason": "stop",
+                     "message": {"role": "assistant", "content": text, "refusal": None}}],
+        "usage": {"prompt_tokens": 7, "completion_tokens": 1, "total_tokens": 8},
+    })  # fmt: skip
+
+
+def stream(*parts: str) -> list[bytes]:
+    events = [
+        b"data: " + orjson.dumps({"choices": [{"index": 0, "delta": {"content": p}}]}) + b"\n\n"
+        for p in parts
+    ]
+    return [*events, b"data: [DONE]\n\n"]
+
+
+def echo(call: Call) -> Scripted:
+    """Answers with the number of messages it was sent: shows what the engine saw."""
+    body = orjson.loads(call.body)
+    reply = f"seen {len(body['messages'])}"
+    if body.get("stream"):
+        return Scripted(chunks=stream("seen ", str(len(body["messages"]))),
+                        content_type="text/event-stream")  # fmt: skip
+    return Scripted(body=completion(reply))
+
+
+@pytest.fixture
+def policy(redis_url: str) -> Policy:
+    return parse_policy(POLICY + f"state: {{redis_url: '{redis_url}'}}\n")
+
+
+Gateway = Callable[..., tuple[TestClient, FakeUpstream]]
+
+
+@pytest.fixture
+def gateway(policy: Policy) -> Iterator[Gateway]:
+    gateways = OpenGateways()
+
+    def make(
+        script: Callable[[Call], Scripted] = echo, policy_override: Policy | None = None
+    ) -> tuple[TestClient, FakeUpstream]:
+        return gateways.open(policy_override or policy, script)
+
+    yield make
+    gateways.close_all()
+
+
+def session_headers(**extra: str) -> dict[str, str]:
+    return {"X-Session-Id": f"s-{uuid.uuid4().hex}", **extra}
+
+
+def chat(client: TestClient, messages: list[Any], headers: dict[str, str], **body: Any) -> Any:
+    response = client.post(
+        "/v1/chat/completions",
+        json={"model": "tiny", "messages": messages, **body},
+        headers=headers,
+    )
+    assert response.status_code == 200, response.text
+    return response
+
+
+def user(text: str) -> dict[str, str]:
+    return {"role": "user", "content": text}
+
+
+def test_each_turn_is_checkpointed_with_only_what_it_added(gateway: Gateway) -> None:
+    client, _ = gateway()
+    headers = session_headers()
+    first = chat(client, [SYSTEM, user("a")], headers)
+    assert first.headers["x-gateway-session-turn"] == "1"
+    reply = first.json()["choices"][0]["message"]  # resent as the SDK returned it
+    second = chat(client, [SYSTEM, user("a"), reply, user("b")], headers)
+    assert second.headers["x-gateway-session-turn"] == "2"
+
+    listing = client.get(f"/v1/sessions/{headers['X-Session-Id']}/checkpoints").json()
+    assert [(c["turn"], c["new_messages"], c["rewrite"]) for c in listing["data"]] == [
+        (1, 2, False),
+        (2, 1, False),
+    ]
+    assert listing["data"][1]["usage"]["prompt_tokens"] == 7
+    assert listing["data"][1]["route"]["reason"] in ("prefix", "session", "load", "rotation")
+
+
+def test_delta_mode_sends_the_engine_the_whole_conversation(gateway: Gateway) -> None:
+    client, fake = gateway()
+    headers = session_headers()
+    chat(client, [SYSTEM, user("a")], headers)
+    second = chat(client, [user("b")], {**headers, "X-Context-Mode": "delta"})
+    assert second.json()["choices"][0]["message"]["content"] == "seen 4"
+    sent = orjson.loads(fake.calls[1].body)["messages"]
+    assert sent == [SYSTEM, user("a"), {"role": "assistant", "content": "seen 2"}, user("b")]
+
+
+def test_time_travel_shows_exactly_what_the_engine_was_sent(gateway: Gateway) -> None:
+    client, fake = gateway()
+    headers = session_headers()
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    chat(client, [SYSTEM, user("a")], headers, tools=tools, temperature=0)
+    chat(client, [user("b")], {**headers, "X-Context-Mode": "delta"}, tools=tools)
+    sid = headers["X-Session-Id"]
+    for turn in (1, 2):
+        checkpoint = client.get(f"/v1/sessions/{sid}/checkpoints/{turn}").json()
+        sent = orjson.loads(fake.calls[turn - 1].body)
+        assert checkpoint["engine_request"] == {
+            **sent,
+            "messages": [normalise(m) for m in sent["messages"]],
+        }
+        assert checkpoint["reply"] == {"role": "assistant", "content": f"seen {2 * turn}"}
+    missing = client.get(f"/v1/sessions/{sid}/checkpoints/3")
+    assert missing.status_code == 404
+    assert missing.json()["error"]["code"] == "checkpoint_not_found"
+
+
+def test_a_streamed_turn_is_checkpointed_before_done(gateway: Gateway) -> None:
+    client, _ = gateway()
+    headers = session_headers()
+    with client.stream(
+        "POST",
+        "/v1/chat/completions",
+        json={"model": "tiny", "messages": [user("a")], "stream": True},
+        headers=headers,
+    ) as response:
+        events = [line for line in response.iter_lines() if line]
+        assert events[-1] == "data: [DONE]"
+    turns = client.get(f"/v1/sessions/{headers['X-Session-Id']}/checkpoints/1").json()
+    assert turns["reply"] == {"role": "assistant", "content": "seen 1"}
+
+
+def test_a_failed_turn_leaves_the_previous_checkpoint(gateway: Gateway) -> None:
+    def breaks_on_second(call: Call) -> Scripted:
+        if len(orjson.loads(call.body)["messages"]) > 1:
+            return Scripted(chunks=stream("x", "y"), break_after=1,
+                            content_type="text/event-stream")  # fmt: skip
+        return echo(call)
+
+    client, _ = gateway(breaks_on_second)
+    headers = session_headers()
+    chat(client, [user("a")], headers)
+    with client.stream(
+        "POST",
+        "/v1/chat/completions",
+        json={"model": "tiny", "messages": [user("b")], "stream": True},
+        headers={**headers, "X-Context-Mode": "delta"},
+    ) as response:
+        body = "".join(response.iter_lines())
+    assert "upstream_error" in body
+    listing = client.get(f"/v1/sessions/{headers['X-Session-Id']}/checkpoints").json()
+    assert len(listing["data"]) == 1
+
+
+def test_fork_then_continue_and_delete(gateway: Gateway) -> None:
+    client, fake = gateway()
+    headers = session_headers()
+    sid = headers["X-Session-Id"]
+    chat(client, [user("a")], headers)
+    chat(client, [user("b")], {**headers, "X-Context-Mode": "delta"})
+    forked = client.post(f"/v1/sessions/{sid}/fork", json={"turn": 1})
+    assert forked.status_code == 201
+    new_id = forked.json()["id"]
+    assert forked.json()["forked_from"] == {"session_id": sid, "turn": 1}
+    chat(client, [user("c")], {"X-Session-Id": new_id, "X-Context-Mode": "delta"})
+    sent = orjson.loads(fake.calls[-1].body)["messages"]
+    assert sent == [user("a"), {"role": "assistant", "content": "seen 1"}, user("c")]
+
+    assert client.delete(f"/v1/sessions/{sid}").json()["deleted"] is True
+    gone = client.get(f"/v1/sessions/{sid}/checkpoints")
+    assert gone.status_code == 404
+    assert gone.json()["error"]["code"] == "session_not_found"
+    assert client.delete(f"/v1/sessions/{sid}").status_code == 404
+    bad_turn = client.post(f"/v1/sessions/{new_id}/fork", json={"turn": 9})
+    assert bad_turn.status_code == 400
+    assert bad_turn.json()["error"]["param"] == "turn"
+
+
+def test_two_gateways_share_one_session(gateway: Gateway) -> None:
+    first, _ = gateway()
+    second, fake = gateway()
+    headers = session_headers()
+    chat(first, [SYSTEM, user("a")], headers)
+    chat(second, [user("b")], {**headers, "X-Context-Mode": "delta"})
+    assert len(orjson.loads(fake.calls[0].body)["messages"]) == 4
+
+
+def test_delta_mode_needs_a_session_and_a_known_mode(gateway: Gateway) -> None:
+    client, fake = gateway()
+    no_session = client.post(
+        "/v1/chat/completions",
+        json={"model": "tiny", "messages": [user("a")]},
+        headers={"X-Context-Mode": "delta"},
+    )
+    assert no_session.status_code == 400
+    assert no_session.json()["error"]["code"] == "session_required"
+    unknown = client.post(
+        "/v1/chat/completions",
+        json={"model": "tiny", "messages": [user("a")]},
+        headers=session_headers(**{"X-Context-Mode": "sometimes"}),
+    )
+    assert unknown.status_code == 400
+    assert unknown.json()["error"]["param"] == "X-Context-Mode"
+    bad_id = client.post(
+        "/v1/chat/completions",
+        json={"model": "tiny", "messages": [user("a")]},
+        headers={"X-Session-Id": "not ok"},
+    )
+    assert bad_id.status_code == 400
+    assert bad_id.json()["error"]["code"] == "invalid_session_id"
+    assert fake.calls == []
+
+
+def test_session_key_from_metadata_when_the_policy_says_so(
+    gateway: Gateway, redis_url: str
+) -> None:
+    policy = parse_policy(
+        POLICY + f"state: {{redis_url: '{redis_url}'}}\nsessions: {{key_from: [metadata]}}\n"
+    )
+    client, _ = gateway(policy_override=policy)
+    sid = f"m-{uuid.uuid4().hex}"
+    chat(client, [user("a")], {}, metadata={"session_id": sid})
+    assert client.get(f"/v1/sessions/{sid}/checkpoints").status_code == 200
