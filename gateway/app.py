@@ -38,6 +38,8 @@ from gateway.routing.build import build_router
 from gateway.sessions.store import RedisCheckpoints
 from gateway.sessions.turns import SessionTurns
 from gateway.state_store import StateStore
+from gateway.trimming.tokens import token_counter
+from gateway.trimming.trim import Trimmer
 from gateway.upstream import AiohttpUpstream, Upstream
 
 log = logging.getLogger(__name__)
@@ -69,6 +71,8 @@ def create_app(
         log_path = policy.routing.request_log
         request_log = RequestLog(Path(log_path)) if log_path else None
         checkpoints = RedisCheckpoints(state.redis, ttl_s=policy.sessions.ttl_s)
+        trimming = policy.trimming
+        trimmer = Trimmer(trimming, token_counter(trimming.tokenizer)) if trimming.enabled else None
         app.state.checkpoints = checkpoints
         app.state.pipeline = Pipeline(
             policy,
@@ -78,7 +82,7 @@ def create_app(
             fingerprints=RedisFingerprints(state.redis),
             metrics=metrics,
             request_log=request_log,
-            sessions=SessionTurns(checkpoints),
+            sessions=SessionTurns(checkpoints, trimmer),
         )
         if monitor is not None and scraper is not None:
             await monitor.check_all(first=True)  # know who is up before the first request

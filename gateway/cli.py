@@ -3,6 +3,8 @@
 gateway serve [--policy FILE] [--host H] [--port P]
 gateway policy check FILE [FILE ...]
 gateway policy schema [--out FILE]
+gateway replay --trace FILE [--replicas N] [--cache-blocks M] [--policy FILE] [--json]
+gateway trim-eval --trajectories FILE [--policy FILE] [--tokenizer FILE] [--json]
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -109,10 +112,13 @@ def _replay(args: argparse.Namespace) -> int:
         print(f"gateway replay: {exc}", file=sys.stderr)
         return 2
     result = {"trace": args.trace, "policy": args.policy, **evaluate(trace, routing, config)}
-    if args.json:
-        print(json.dumps(result, indent=2))
-    else:
-        print(_replay_table(result))
+    return _print_report(result, args.json, _replay_table)
+
+
+def _print_report(
+    result: dict[str, Any], as_json: bool, table: Callable[[dict[str, Any]], str]
+) -> int:
+    print(json.dumps(result, indent=2) if as_json else table(result))
     return 0
 
 
@@ -133,6 +139,49 @@ def _replay_table(r: dict[str, Any]) -> str:
             f"{name:<14} {row['hit_rate']:>9.3f} {row['imbalance_p95']:>14.3f} "
             f"{row['ttft_p50_s']:>11.3f} {row['ttft_p95_s']:>11.3f}"
         )
+    return "\n".join(lines)
+
+
+def _trim_eval(args: argparse.Namespace) -> int:
+    from gateway.trimming.evaluate import Evaluation
+    from gateway.trimming.tokens import token_counter
+
+    try:
+        spec = load_policy(args.policy).trimming
+    except PolicyError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    tokenizer = args.tokenizer or spec.tokenizer
+    try:
+        with open(args.trajectories, encoding="utf-8") as lines:
+            records = [json.loads(line) for line in lines if line.strip()]
+    except (OSError, json.JSONDecodeError) as exc:
+        print(f"gateway trim-eval: {exc}", file=sys.stderr)
+        return 2
+    if args.limit:
+        records = records[: args.limit]
+    result = Evaluation(spec, token_counter(tokenizer), window=args.window).run(records)
+    result = {"trajectories": args.trajectories, "policy": args.policy, **result}
+    return _print_report(result, args.json, _trim_table)
+
+
+def _trim_table(r: dict[str, Any]) -> str:
+    keys = [
+        "history_peak_ratio",
+        "prompt_tokens_ratio",
+        "uncached_prefill_ratio",
+        "structural_validity",
+        "state_retention",
+        "user_retention",
+    ]
+    base = r["baseline_last_n"]
+    lines = [
+        f"{r['conversations']} conversations, {r['turns']} turns, "
+        f"{r['conversations_over_high_water']} over the high-water mark "
+        f"({r['high_water_tokens']} tokens; counted with {r['tokens']})",
+        f"{'figure':<24} {'gateway':>9} {'last ' + str(base['messages']) + ' msgs':>12}",
+    ]
+    lines += [f"{k:<24} {r[k]:>9.4f} {base[k]:>12.4f}" for k in keys]
     return "\n".join(lines)
 
 
@@ -177,6 +226,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     replay.add_argument("--json", action="store_true", help="one JSON object instead of a table")
     replay.set_defaults(run=_replay)
+
+    trim = sub.add_parser("trim-eval", help="replay conversations through session trimming")
+    trim.add_argument("--trajectories", required=True, help="JSONL, one {messages, tools} each")
+    trim.add_argument("--policy", default="policies/agent-airline.yaml")
+    trim.add_argument("--tokenizer", help="tokenizer.json for token counts (else the policy's)")
+    trim.add_argument("--window", type=int, default=12, help="baseline: last N messages")
+    trim.add_argument("--limit", type=int, default=0, help="only the first N conversations")
+    trim.add_argument("--json", action="store_true", help="one JSON object instead of a table")
+    trim.set_defaults(run=_trim_eval)
 
     args = parser.parse_args(argv)
     result: int = args.run(args)

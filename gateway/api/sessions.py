@@ -1,5 +1,6 @@
 """Session time travel: list a session's checkpoints, see exactly what the engine was sent
-at turn n and why, fork a session from a checkpoint, delete a session."""
+at turn n and why, fetch a tool result compaction elided, fork a session from a
+checkpoint, delete a session."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway.errors import InvalidRequest, NotFound
-from gateway.sessions.checkpoints import Checkpoint, engine_request
+from gateway.sessions.checkpoints import Checkpoint, engine_request, history
 from gateway.sessions.keys import DEFAULT_TENANT, SessionRef, check_session_id
 from gateway.sessions.store import CheckpointStore
+from gateway.trimming.conversation import tool_results
 
 
 def _json(data: Any, status: int = 200) -> Response:
@@ -116,6 +118,28 @@ def build_sessions_router() -> APIRouter:
             "forked_from": {"session_id": source.id, "turn": turns},
         }
         return _json(body, 201)
+
+    @router.get("/v1/sessions/{session_id}/artifacts/{handle}")
+    async def artifact(session_id: str, handle: str, request: Request) -> Response:
+        """A tool result that compaction elided, whole (handles are `m<message index>`)."""
+        session = _session(session_id)
+        messages = history(await _load(store_of(request), session))
+        index = int(handle[1:]) if handle[:1] == "m" and handle[1:].isdigit() else -1
+        results = tool_results(messages)
+        if index not in results:
+            raise NotFound(
+                f"Session `{session.id}` has no tool result `{handle}`.", code="artifact_not_found"
+            )
+        result = results[index]
+        body = {
+            "object": "session.artifact",
+            "id": handle,
+            "session_id": session.id,
+            "tool": result.name,
+            "arguments": result.arguments,
+            "content": messages[index].get("content"),
+        }
+        return _json(body)
 
     @router.delete("/v1/sessions/{session_id}")
     async def delete(session_id: str, request: Request) -> Response:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
@@ -182,6 +182,48 @@ class SessionsSpec(Strict):
     )
 
 
+class StateToolSpec(Strict):
+    entity: Name = Field(description="The kind of entity this tool's result is a snapshot of.")
+    id_field: str | None = Field(None, description="Field of the result naming the entity.")
+    id_argument: str | None = Field(
+        None, description="Argument of the call naming the entity (when the result does not)."
+    )
+    schema_: dict[str, Any] | None = Field(
+        None,
+        alias="schema",
+        description="JSON Schema a snapshot must meet; one that fails is sent whole.",
+    )
+
+    @model_validator(mode="after")
+    def _named_somehow(self) -> StateToolSpec:
+        if (self.id_field is None) == (self.id_argument is None):
+            raise ValueError("give exactly one of id_field or id_argument")
+        return self
+
+
+class TrimmingSpec(Strict):
+    enabled: bool = Field(False, description="Trim session contexts (off unless turned on).")
+    high_water_tokens: int = Field(
+        6000, ge=64, description="History tokens (after system + tools) that trigger compaction."
+    )
+    low_water_tokens: int = Field(
+        2500, ge=64, description="Compaction keeps a tail of at most this many history tokens."
+    )
+    tokenizer: str | None = Field(
+        None, description="The engine model's tokenizer.json for token counts."
+    )
+    state_tools: dict[str, StateToolSpec] = Field(
+        default_factory=dict,
+        description="Tools whose results are snapshots of an entity, by tool name.",
+    )
+
+    @model_validator(mode="after")
+    def _low_below_high(self) -> TrimmingSpec:
+        if self.low_water_tokens >= self.high_water_tokens:
+            raise ValueError("low_water_tokens must be below high_water_tokens")
+        return self
+
+
 class ReplicaSpec(Strict):
     url: BaseUrl
 
@@ -222,6 +264,7 @@ class Policy(Strict):
     health: HealthSpec = HealthSpec()
     state: StateSpec = StateSpec()
     sessions: SessionsSpec = SessionsSpec()
+    trimming: TrimmingSpec = TrimmingSpec()
     routing: RoutingSpec = RoutingSpec()
     canonicalize: CanonicalizeSpec = CanonicalizeSpec()
     pools: dict[Name, PoolSpec] = Field(min_length=1)

@@ -36,6 +36,7 @@ class Checkpoint:
     route: dict[str, Any] = field(default_factory=dict)
     usage: dict[str, Any] | None = None
     entities: dict[str, Any] = field(default_factory=dict)
+    trim_boundary: int = 0  # where the kept tail started (gateway/trimming/trim.py)
 
     def to_json(self) -> bytes:
         return orjson.dumps(asdict(self))

@@ -24,6 +24,7 @@ from gateway.sessions.checkpoints import (
 from gateway.sessions.keys import SessionRef
 from gateway.sessions.replies import normalise
 from gateway.sessions.store import CheckpointStore
+from gateway.trimming.trim import Trimmed, Trimmer
 
 ContextMode = Literal["full", "delta"]
 
@@ -47,11 +48,13 @@ class Turn:
     prior: list[Checkpoint]
     new_messages: list[Message]
     rewrite: bool
+    trimmed: Trimmed | None = None  # what trimming made of the context, when it is on
 
 
 class SessionTurns:
-    def __init__(self, store: CheckpointStore) -> None:
+    def __init__(self, store: CheckpointStore, trimmer: Trimmer | None = None) -> None:
         self.store = store
+        self.trimmer = trimmer
 
     async def begin(
         self, session: SessionRef, mode: ContextMode, body: dict[str, Any]
@@ -62,9 +65,16 @@ class SessionTurns:
         sent = [normalise(m) for m in body.get("messages") or ()]
         if mode == "delta":
             body = {**body, "messages": [*stored, *body.get("messages", ())]}
-            return Turn(session, mode, prior, sent, False), body
-        added, rewrite = new_messages(stored, sent)
-        return Turn(session, mode, prior, added, rewrite), body
+            turn = Turn(session, mode, prior, sent, False)
+        else:
+            added, rewrite = new_messages(stored, sent)
+            turn = Turn(session, mode, prior, added, rewrite)
+        if self.trimmer is None:
+            return turn, body
+        # A rewritten history invalidates the old boundary: compaction starts afresh.
+        boundary = prior[-1].trim_boundary if prior and not turn.rewrite else 0
+        trimmed = self.trimmer.trim(list(body["messages"]), boundary, session.id)
+        return replace(turn, trimmed=trimmed), {**body, "messages": trimmed.messages}
 
     async def commit(
         self,
@@ -89,6 +99,7 @@ class SessionTurns:
             engine=engine,
             route=route,
             usage=usage,
+            trim_boundary=turn.trimmed.boundary if turn.trimmed else 0,
         )
         sent = [normalise(m) for m in engine_body.get("messages") or ()]
         if sent != history([*turn.prior, checkpoint], with_last_reply=False):

@@ -248,3 +248,37 @@ def test_session_key_from_metadata_when_the_policy_says_so(
     sid = f"m-{uuid.uuid4().hex}"
     chat(client, [user("a")], {}, metadata={"session_id": sid})
     assert client.get(f"/v1/sessions/{sid}/checkpoints").status_code == 200
+
+
+def test_trimming_sends_the_engine_a_compacted_context_and_keeps_artifacts(
+    gateway: Gateway, redis_url: str
+) -> None:
+    policy = parse_policy(
+        POLICY
+        + f"state: {{redis_url: '{redis_url}'}}\n"
+        + "trimming: {enabled: true, high_water_tokens: 300, low_water_tokens: 100}\n"
+    )
+    client, fake = gateway(policy_override=policy)
+    headers = session_headers()
+    sid = headers["X-Session-Id"]
+    big = "flight HAT001 departs 06:00, economy $120; " * 40
+    history: list[dict[str, Any]] = [SYSTEM]
+    search_call = {"id": "x", "type": "function", "function": {"name": "search", "arguments": "{}"}}
+    for turn in range(3):
+        history += [
+            user(f"Search day {turn}"),
+            {"role": "assistant", "tool_calls": [search_call]},
+            {"role": "tool", "tool_call_id": "x", "content": big},
+        ]
+        response = chat(client, history, headers)
+        history.append(response.json()["choices"][0]["message"])
+    sent = orjson.loads(fake.calls[-1].body)["messages"]
+    assert len(orjson.dumps(sent)) < len(orjson.dumps(history))
+    assert "compacted by the gateway" in orjson.dumps(sent).decode()
+    checkpoint = client.get(f"/v1/sessions/{sid}/checkpoints/3").json()
+    assert checkpoint["engine_request"]["messages"] == [normalise(m) for m in sent]
+    artifact = client.get(f"/v1/sessions/{sid}/artifacts/m3").json()
+    assert artifact["content"] == big
+    assert artifact["tool"] == "search"
+    missing = client.get(f"/v1/sessions/{sid}/artifacts/m1")
+    assert missing.status_code == 404

@@ -1,0 +1,1 @@
+"""Trimming a session's context to validated state diffs and compacted history."""
