@@ -16,6 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
+from gateway.api.responses import build_responses_router
 from gateway.api.routes import build_api_router
 from gateway.api.sessions import build_sessions_router
 from gateway.engine_metrics import EngineMetricsScraper
@@ -34,6 +35,8 @@ from gateway.policy import Policy
 from gateway.prefix_watch import RedisFingerprints
 from gateway.replicas import Fleet
 from gateway.request_log import RequestLog
+from gateway.responses.records import RedisResponseRecords
+from gateway.responses.service import ResponsesService
 from gateway.routing.build import build_router
 from gateway.sessions.store import RedisCheckpoints
 from gateway.sessions.turns import SessionTurns
@@ -84,6 +87,11 @@ def create_app(
             request_log=request_log,
             sessions=SessionTurns(checkpoints, trimmer),
         )
+        app.state.responses = ResponsesService(
+            app.state.pipeline,
+            checkpoints,
+            RedisResponseRecords(state.redis, ttl_s=policy.sessions.ttl_s),
+        )
         if monitor is not None and scraper is not None:
             await monitor.check_all(first=True)  # know who is up before the first request
             monitor.start()
@@ -109,6 +117,7 @@ def create_app(
     app.add_middleware(RequestIdMiddleware)
     app.include_router(build_api_router(policy, fleet, state, metrics))
     app.include_router(build_sessions_router())
+    app.include_router(build_responses_router(policy.limits.max_body_bytes))
     _install_error_handlers(app)
     return app
 

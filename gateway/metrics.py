@@ -42,5 +42,23 @@ class GatewayMetrics:
         self.checkpoint_failures = self.checkpoints.labels("failed")
         self.checkpoints_written = self.checkpoints.labels("written")
 
+        self.trims = Counter(
+            "gateway_trims",
+            "Session contexts trimmed, by outcome: trimmed, or untrimmed because the trimmed "
+            "one failed validation (fell_back).",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.trim_patches = Counter(
+            "gateway_trim_patches",
+            "Entity snapshots sent as verified JSON Patches.",
+            registry=self.registry,
+        )
+        self.trim_schema_failures = Counter(
+            "gateway_trim_schema_failures",
+            "Entity snapshots sent whole because they failed their declared schema.",
+            registry=self.registry,
+        )
+
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -60,6 +60,7 @@ class RequestContext:
     request_id: str
     session_id: str | None = None  # the X-Session-Id header
     context_mode: str | None = None  # the X-Context-Mode header
+    session: SessionRef | None = None  # set by the caller (the Responses API), wins
 
 
 @dataclass(frozen=True)
@@ -136,6 +137,8 @@ class Pipeline:
         return await self._relay_whole(dispatch, headers, checkpoint)
 
     def _session_of(self, request: InboundRequest, context: RequestContext) -> SessionRef | None:
+        if context.session is not None:
+            return context.session
         if request.endpoint is not Endpoint.chat:
             return None
         return session_for(self._policy.sessions, context.session_id, request.body)
@@ -166,6 +169,11 @@ class Pipeline:
             return None, request
         if body is not request.body:
             request = request.with_body(body)
+        if turn.trimmed is not None:
+            trimmed = turn.trimmed
+            self._metrics.trims.labels("fell_back" if trimmed.fell_back else "trimmed").inc()
+            self._metrics.trim_patches.inc(trimmed.patches)
+            self._metrics.trim_schema_failures.inc(trimmed.schema_failures)
         return turn, request
 
     def _checkpointer(

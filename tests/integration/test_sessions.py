@@ -119,3 +119,35 @@ def test_a_restarted_gateway_resumes_the_session_from_redis(
         sent = checkpoint(second, session, 2)["engine_request"]["messages"]
     assert [m["role"] for m in sent] == ["system", "user", "assistant", "user"]
     assert sent[0]["content"] == SYSTEM
+
+
+def test_two_gateway_processes_share_sessions_and_responses(
+    gateway: Gateway, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    log = tmp_path_factory.mktemp("second") / "gateway.log"
+    session = f"two-{uuid.uuid4().hex}"
+    with running_gateway(gateway.policy, log) as other:
+        # A chat session: turn 1 on one process, turn 2 (delta) on the other.
+        sdk(gateway).chat.completions.create(
+            model="tiny",
+            messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Hi"}],
+            max_tokens=4,
+            extra_headers={"X-Session-Id": session},
+        )
+        sdk(other).chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": "Next"}],
+            max_tokens=4,
+            extra_headers={"X-Session-Id": session, "X-Context-Mode": "delta"},
+        )
+        assert len(checkpoints(gateway, session)) == 2
+        # A Responses conversation: continued on the other process at once.
+        first = sdk(gateway).responses.create(model="tiny", input="Hello", max_output_tokens=4)
+        second = sdk(other).responses.create(
+            model="tiny", input="Again", max_output_tokens=4, previous_response_id=first.id
+        )
+        sent = checkpoint(other, first.id, 2)["engine_request"]["messages"]
+    assert [m["role"] for m in checkpoint(gateway, session, 2)["engine_request"]["messages"]] == [
+        "system", "user", "assistant", "user"]  # fmt: skip
+    assert [m["content"] for m in sent if m["role"] == "user"] == ["Hello", "Again"]
+    assert second.previous_response_id == first.id

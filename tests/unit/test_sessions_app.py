@@ -282,3 +282,5 @@ def test_trimming_sends_the_engine_a_compacted_context_and_keeps_artifacts(
     assert artifact["tool"] == "search"
     missing = client.get(f"/v1/sessions/{sid}/artifacts/m1")
     assert missing.status_code == 404
+    metrics = client.get("/metrics").text
+    assert 'gateway_trims_total{outcome="trimmed"} 3.0' in metrics

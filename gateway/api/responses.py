@@ -1,0 +1,35 @@
+"""The Responses API routes: thin, the work is in gateway/responses/service.py."""
+
+from __future__ import annotations
+
+import orjson
+from fastapi import APIRouter
+from starlette.requests import Request
+from starlette.responses import Response
+
+from gateway.api.body import read_body
+from gateway.responses.service import ResponsesService
+
+
+def build_responses_router(max_body_bytes: int) -> APIRouter:
+    router = APIRouter()
+
+    def service(request: Request) -> ResponsesService:
+        found: ResponsesService = request.app.state.responses
+        return found
+
+    @router.post("/v1/responses")
+    async def create(request: Request) -> Response:
+        return await service(request).create(await read_body(request, max_body_bytes))
+
+    @router.get("/v1/responses/{response_id}")
+    async def retrieve(response_id: str, request: Request) -> Response:
+        body = await service(request).get(response_id)
+        return Response(orjson.dumps(body), media_type="application/json")
+
+    @router.delete("/v1/responses/{response_id}")
+    async def delete(response_id: str, request: Request) -> Response:
+        body = await service(request).delete(response_id)
+        return Response(orjson.dumps(body), media_type="application/json")
+
+    return router

@@ -1,0 +1,228 @@
+"""Between the Responses API's shapes and Chat Completions'.
+
+Input items become chat messages (consecutive `function_call` items one assistant message
+with several tool calls; `function_call_output` a tool message); function tools and
+`tool_choice` are rewritten; the engine's chat completion becomes a Response object whose
+output is a message item and/or function_call items. Anything the engine cannot do (built-in
+tools, item references) is refused with a 400 naming the field.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from gateway.errors import InvalidRequest
+from gateway.sessions.checkpoints import Message
+
+_ROLES = {"user", "assistant", "system", "developer"}
+
+
+def _text_of(content: Any, param: str) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind in ("input_text", "output_text", "text"):
+                texts.append(str(part.get("text", "")))
+            else:
+                raise InvalidRequest(
+                    f"Content parts of type `{kind}` are not supported here; send text.",
+                    param=param,
+                    code="unsupported_content",
+                )
+        return "".join(texts)
+    raise InvalidRequest("Message content must be a string or a list of parts.", param=param)
+
+
+def input_messages(items: Any) -> list[Message]:
+    if isinstance(items, str):
+        return [{"role": "user", "content": items}]
+    if not isinstance(items, list):
+        raise InvalidRequest("`input` must be a string or a list of items.", param="input")
+    messages: list[Message] = []
+    for i, item in enumerate(items):
+        param = f"input[{i}]"
+        if not isinstance(item, dict):
+            raise InvalidRequest("Each input item must be an object.", param=param)
+        kind = item.get("type", "message")
+        if kind == "message":
+            role = item.get("role")
+            if role not in _ROLES:
+                raise InvalidRequest(f"Unknown role `{role}`.", param=f"{param}.role")
+            role = "system" if role == "developer" else role  # templates know `system`
+            messages.append({"role": role, "content": _text_of(item.get("content"), param)})
+        elif kind == "function_call":
+            call = {
+                "id": str(item.get("call_id") or item.get("id") or ""),
+                "type": "function",
+                "function": {"name": item.get("name"), "arguments": item.get("arguments") or ""},
+            }
+            last = messages[-1] if messages else None
+            if last and last["role"] == "assistant" and "tool_calls" in last:
+                last["tool_calls"].append(call)
+            else:
+                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif kind == "function_call_output":
+            output = item.get("output")
+            messages.append({
+                "role": "tool",
+                "tool_call_id": str(item.get("call_id") or ""),
+                "content": output if isinstance(output, str) else _text_of(output, param),
+            })  # fmt: skip
+        elif kind == "reasoning":
+            continue  # the engine's own reasoning is not replayed to it
+        else:
+            raise InvalidRequest(
+                f"Input items of type `{kind}` are not supported by this gateway.",
+                param=f"{param}.type",
+                code="unsupported_item",
+            )
+    return messages
+
+
+def chat_tools(tools: Any) -> list[dict[str, Any]] | None:
+    if tools is None:
+        return None
+    if not isinstance(tools, list):
+        raise InvalidRequest("`tools` must be a list.", param="tools")
+    out = []
+    for i, tool in enumerate(tools):
+        if not isinstance(tool, dict) or tool.get("type") != "function":
+            kind = tool.get("type") if isinstance(tool, dict) else None
+            raise InvalidRequest(
+                f"Only function tools are supported (got `{kind}`).",
+                param=f"tools[{i}].type",
+                code="unsupported_tool",
+            )
+        keys = ("name", "description", "parameters", "strict")
+        function = {k: tool[k] for k in keys if k in tool}
+        out.append({"type": "function", "function": function})
+    return out or None
+
+
+def chat_tool_choice(choice: Any) -> Any:
+    if choice is None or isinstance(choice, str):
+        return choice
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        return {"type": "function", "function": {"name": choice.get("name")}}
+    raise InvalidRequest("Unsupported `tool_choice`.", param="tool_choice")
+
+
+def chat_body(request: dict[str, Any], messages: list[Message], stream: bool) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": request["model"], "messages": messages}
+    tools = chat_tools(request.get("tools"))
+    if tools:
+        body["tools"] = tools
+        if request.get("tool_choice") is not None:
+            body["tool_choice"] = chat_tool_choice(request["tool_choice"])
+        if request.get("parallel_tool_calls") is not None:
+            body["parallel_tool_calls"] = request["parallel_tool_calls"]
+    for ours, theirs in (("max_output_tokens", "max_tokens"), ("temperature", "temperature"),
+                         ("top_p", "top_p")):  # fmt: skip
+        if request.get(ours) is not None:
+            body[theirs] = request[ours]
+    text_format = (request.get("text") or {}).get("format") or {}
+    if text_format.get("type") == "json_schema":
+        schema = {k: text_format[k] for k in ("name", "schema", "strict") if k in text_format}
+        body["response_format"] = {"type": "json_schema", "json_schema": schema}
+    elif text_format.get("type") == "json_object":
+        body["response_format"] = {"type": "json_object"}
+    if stream:
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}
+    return body
+
+
+def usage_of(chat_usage: dict[str, Any] | None) -> dict[str, Any] | None:
+    if not chat_usage:
+        return None
+    details = chat_usage.get("prompt_tokens_details") or {}
+    prompt = int(chat_usage.get("prompt_tokens") or 0)
+    completion = int(chat_usage.get("completion_tokens") or 0)
+    return {
+        "input_tokens": prompt,
+        "input_tokens_details": {
+            "cached_tokens": int(details.get("cached_tokens") or 0),
+            "cache_write_tokens": 0,  # vLLM does not report cache writes
+        },
+        "output_tokens": completion,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": prompt + completion,
+    }
+
+
+def output_items(response_id: str, message: Message) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = []
+    content = message.get("content")
+    if content:
+        items.append(message_item(response_id, str(content)))
+    for i, call in enumerate(message.get("tool_calls") or ()):
+        function = call.get("function") or {}
+        items.append({
+            "type": "function_call",
+            "id": f"fc_{response_id[5:]}_{i}",
+            "call_id": call.get("id") or f"call_{response_id[5:]}_{i}",
+            "name": function.get("name") or "",
+            "arguments": function.get("arguments") or "",
+            "status": "completed",
+        })  # fmt: skip
+    return items
+
+
+def message_item(response_id: str, text: str, status: str = "completed") -> dict[str, Any]:
+    return {
+        "type": "message",
+        "id": f"msg_{response_id[5:]}",
+        "status": status,
+        "role": "assistant",
+        "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}],
+    }
+
+
+def response_object(
+    response_id: str,
+    request: dict[str, Any],
+    *,
+    status: str,
+    created_at: int,
+    output: list[dict[str, Any]],
+    usage: dict[str, Any] | None,
+    finish_reason: str | None = None,
+) -> dict[str, Any]:
+    incomplete = None
+    if status == "completed" and finish_reason == "length":
+        status, incomplete = "incomplete", {"reason": "max_output_tokens"}
+    text_format = (request.get("text") or {}).get("format") or {"type": "text"}
+    response: dict[str, Any] = {
+        "id": response_id,
+        "object": "response",
+        "created_at": created_at,
+        "status": status,
+        "completed_at": int(time.time()) if status == "completed" else None,
+        "error": None,
+        "incomplete_details": incomplete,
+        "instructions": request.get("instructions"),
+        "max_output_tokens": request.get("max_output_tokens"),
+        "model": request["model"],
+        "output": output,
+        "parallel_tool_calls": request.get("parallel_tool_calls", True),
+        "previous_response_id": request.get("previous_response_id"),
+        "reasoning": None,
+        "store": request.get("store", True),
+        "temperature": request.get("temperature", 1.0),
+        "text": {"format": text_format},
+        "tool_choice": request.get("tool_choice", "auto"),
+        "tools": request.get("tools") or [],
+        "top_p": request.get("top_p", 1.0),
+        "truncation": "disabled",
+        "metadata": request.get("metadata") or {},
+    }
+    # Optional fields the spec types without null: present only with a value.
+    if usage is not None:
+        response["usage"] = usage
+    if isinstance(request.get("user"), str):
+        response["user"] = request["user"]
+    return response

@@ -1,0 +1,66 @@
+"""Stored responses: what `previous_response_id`, `GET` and `DELETE /v1/responses/{id}`
+read. A record names the session and the turn (by request id) the response was, so any
+gateway replica continues from it at once: it is written before the client hears the
+response is complete."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import orjson
+import redis.asyncio as aioredis
+
+from gateway.sessions.store import StateUnavailable
+
+
+class ResponseRecords(Protocol):
+    async def put(self, response_id: str, record: dict[str, Any]) -> None: ...
+
+    async def get(self, response_id: str) -> dict[str, Any] | None: ...
+
+    async def delete(self, response_id: str) -> bool: ...
+
+
+class RedisResponseRecords:
+    def __init__(self, redis: aioredis.Redis, *, ttl_s: int, tenant: str = "default") -> None:
+        self._redis = redis
+        self._ttl_s = ttl_s
+        self._prefix = f"agw:response:{tenant}:"
+
+    async def put(self, response_id: str, record: dict[str, Any]) -> None:
+        try:
+            await self._redis.set(self._prefix + response_id, orjson.dumps(record), ex=self._ttl_s)
+        except (aioredis.RedisError, OSError) as exc:
+            raise StateUnavailable(f"The response store is unreachable ({exc}).") from None
+
+    async def get(self, response_id: str) -> dict[str, Any] | None:
+        try:
+            raw = await self._redis.get(self._prefix + response_id)
+        except (aioredis.RedisError, OSError) as exc:
+            raise StateUnavailable(f"The response store is unreachable ({exc}).") from None
+        if raw is None:
+            return None
+        record: dict[str, Any] = orjson.loads(raw)
+        return record
+
+    async def delete(self, response_id: str) -> bool:
+        try:
+            return bool(await self._redis.delete(self._prefix + response_id))
+        except (aioredis.RedisError, OSError) as exc:
+            raise StateUnavailable(f"The response store is unreachable ({exc}).") from None
+
+
+class MemoryResponseRecords:
+    """In-memory twin for unit tests."""
+
+    def __init__(self) -> None:
+        self.records: dict[str, dict[str, Any]] = {}
+
+    async def put(self, response_id: str, record: dict[str, Any]) -> None:
+        self.records[response_id] = record
+
+    async def get(self, response_id: str) -> dict[str, Any] | None:
+        return self.records.get(response_id)
+
+    async def delete(self, response_id: str) -> bool:
+        return self.records.pop(response_id, None) is not None

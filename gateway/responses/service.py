@@ -1,0 +1,165 @@
+"""`POST /v1/responses`: continue the conversation `previous_response_id` names, from the
+session checkpoints, and ask the engine through the ordinary chat pipeline (routing,
+canonicalisation, trimming, checkpointing all apply).
+
+A response without `previous_response_id` starts a session named after it. Continuing from
+the latest response of a session appends to it; continuing from an earlier one branches: a
+fork of the session up to that turn. Instructions are not carried over from earlier
+responses (as OpenAI specifies): each request's own replace them. The response record is
+stored before the client hears the response is complete, so the next request may go to
+any gateway replica at once.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import orjson
+from starlette.responses import Response
+
+from gateway.errors import InvalidRequest, NotFound
+from gateway.pipeline import Pipeline, RequestContext
+from gateway.policy import Endpoint
+from gateway.relay import RelayResponse
+from gateway.responses.convert import (
+    chat_body,
+    input_messages,
+    output_items,
+    response_object,
+    usage_of,
+)
+from gateway.responses.records import ResponseRecords
+from gateway.responses.stream import ResponseEvents
+from gateway.sessions.checkpoints import Message, history
+from gateway.sessions.keys import DEFAULT_TENANT, SessionRef
+from gateway.sessions.store import CheckpointStore
+
+
+class ResponsesService:
+    def __init__(
+        self, pipeline: Pipeline, checkpoints: CheckpointStore, records: ResponseRecords
+    ) -> None:
+        self._pipeline = pipeline
+        self._checkpoints = checkpoints
+        self._records = records
+
+    async def create(self, raw: bytes) -> Response:
+        request = _parse(raw)
+        response_id = f"resp_{uuid.uuid4().hex}"
+        created_at = int(time.time())
+        store = request.get("store", True) is not False
+        session, past = await self._continue_from(request.get("previous_response_id"))
+        instructions = request.get("instructions")
+        if instructions is not None and not isinstance(instructions, str):
+            raise InvalidRequest("`instructions` must be a string.", param="instructions")
+        messages: list[Message] = (
+            [{"role": "system", "content": instructions}] if instructions else []
+        )
+        messages += past + input_messages(request.get("input"))
+        stream = bool(request.get("stream"))
+        body = chat_body(request, messages, stream)
+        context = RequestContext(
+            request_id=response_id,
+            session=(session or _new_session(response_id)) if store else None,
+        )
+        reply = await self._pipeline.handle(Endpoint.chat, orjson.dumps(body), context)
+        record_base = {
+            "session": context.session.id if context.session else None,
+            "request_id": response_id,
+            "instructions": bool(instructions),
+        }
+
+        async def keep(response: dict[str, Any]) -> None:
+            if store:
+                await self._records.put(response_id, {**record_base, "response": response})
+
+        if isinstance(reply, RelayResponse):
+            events = ResponseEvents(response_id, request, created_at, keep)
+            reply.body_iterator = events.convert(reply.body_iterator)  # type: ignore[arg-type]
+            return reply
+        completion = orjson.loads(bytes(reply.body))
+        choice = (completion.get("choices") or [{}])[0]
+        response = response_object(
+            response_id,
+            request,
+            status="completed",
+            created_at=created_at,
+            output=output_items(response_id, choice.get("message") or {}),
+            usage=usage_of(completion.get("usage")),
+            finish_reason=choice.get("finish_reason"),
+        )
+        await keep(response)
+        headers = {k: v for k, v in reply.headers.items() if k.lower().startswith("x-gateway")}
+        return Response(orjson.dumps(response), media_type="application/json", headers=headers)
+
+    async def get(self, response_id: str) -> dict[str, Any]:
+        record = await self._records.get(response_id)
+        if record is None:
+            raise _not_found(response_id, "response_id")
+        response: dict[str, Any] = record["response"]
+        return response
+
+    async def delete(self, response_id: str) -> dict[str, Any]:
+        if not await self._records.delete(response_id):
+            raise _not_found(response_id, "response_id")
+        return {"id": response_id, "object": "response", "deleted": True}
+
+    async def _continue_from(self, previous: Any) -> tuple[SessionRef | None, list[Message]]:
+        if previous is None:
+            return None, []
+        if not isinstance(previous, str):
+            raise InvalidRequest(
+                "`previous_response_id` must be a string.", param="previous_response_id"
+            )
+        record = await self._records.get(previous)
+        if record is None or not record.get("session"):
+            raise _not_found(previous, "previous_response_id")
+        session = SessionRef(DEFAULT_TENANT, record["session"])
+        checkpoints = await self._checkpoints.load(session)
+        turn = next(
+            (i + 1 for i, c in enumerate(checkpoints) if c.request_id == record["request_id"]),
+            None,
+        )
+        if turn is None:
+            raise _not_found(previous, "previous_response_id")
+        if turn < len(checkpoints):  # continuing from an earlier response: a branch
+            branch = SessionRef(session.tenant, f"{session.id}.b-{uuid.uuid4().hex[:8]}")
+            await self._checkpoints.fork(session, turn, branch)
+            session = branch
+        past = history(checkpoints[:turn])
+        if record.get("instructions") and past and past[0].get("role") == "system":
+            past = past[1:]  # instructions are not carried over
+        return session, past
+
+
+def _new_session(response_id: str) -> SessionRef:
+    return SessionRef(DEFAULT_TENANT, response_id)
+
+
+def _not_found(response_id: str, param: str) -> NotFound:
+    return NotFound(
+        f"Response with id '{response_id}' not found.", param=param, code="response_not_found"
+    )
+
+
+def _parse(raw: bytes) -> dict[str, Any]:
+    try:
+        request = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequest(
+            f"We could not parse the JSON body of your request: {exc}", code="invalid_json"
+        ) from None
+    if not isinstance(request, dict):
+        raise InvalidRequest("The request body must be a JSON object.", code="invalid_json")
+    for name in ("model", "input"):
+        if request.get(name) is None:
+            raise InvalidRequest(
+                f"Missing required parameter: '{name}'.",
+                param=name,
+                code="missing_required_parameter",
+            )
+    if not isinstance(request["model"], str):
+        raise InvalidRequest("`model` must be a string.", param="model")
+    return request

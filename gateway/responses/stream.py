@@ -1,0 +1,235 @@
+"""A chat completion stream, re-told as Responses API events, as it arrives.
+
+`response.created` and `response.in_progress` first; then for the assistant's text an
+output item, a content part and `response.output_text.delta` per chunk; for each tool call
+a function_call item and `response.function_call_arguments.delta`; when the engine's
+stream ends, the `.done` events, the stored record (`on_complete`, before the client hears
+of it), and `response.completed`. An engine failure mid-stream becomes an `error` event.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import orjson
+
+from gateway.responses.convert import message_item, response_object, usage_of
+
+
+class ResponseEvents:
+    def __init__(
+        self,
+        response_id: str,
+        request: dict[str, Any],
+        created_at: int,
+        on_complete: Callable[[dict[str, Any]], Awaitable[None]],
+    ) -> None:
+        self._id = response_id
+        self._request = request
+        self._created_at = created_at
+        self._on_complete = on_complete
+        self._sequence = 0
+        self._outputs = 0
+        self._text: list[str] = []
+        self._message_index: int | None = None
+        self._calls: dict[int, dict[str, Any]] = {}  # chat tool-call index -> item state
+        self._usage: dict[str, Any] | None = None
+        self._finish_reason: str | None = None
+
+    def _event(self, kind: str, **fields: Any) -> bytes:
+        payload = {"type": kind, "sequence_number": self._sequence, **fields}
+        self._sequence += 1
+        return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
+
+    def _response(self, status: str, output: list[dict[str, Any]]) -> dict[str, Any]:
+        return response_object(
+            self._id,
+            self._request,
+            status=status,
+            created_at=self._created_at,
+            output=output,
+            usage=usage_of(self._usage),
+            finish_reason=self._finish_reason,
+        )
+
+    async def convert(self, chat_events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        yield self._event("response.created", response=self._response("in_progress", []))
+        yield self._event("response.in_progress", response=self._response("in_progress", []))
+        async for raw in chat_events:
+            for line in raw.splitlines():
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    for event in await self._finish():
+                        yield event
+                    return
+                try:
+                    chunk = orjson.loads(data)
+                except orjson.JSONDecodeError:
+                    continue
+                if isinstance(chunk, dict) and "error" in chunk:
+                    error = chunk["error"] or {}
+                    yield self._event(
+                        "error",
+                        code=error.get("code"),
+                        message=error.get("message") or "The engine failed mid-response.",
+                        param=error.get("param"),
+                    )
+                    return
+                for event in self._take(chunk):
+                    yield event
+
+    def _take(self, chunk: dict[str, Any]) -> list[bytes]:
+        events: list[bytes] = []
+        if isinstance(chunk.get("usage"), dict):
+            self._usage = chunk["usage"]
+        for choice in chunk.get("choices") or ():
+            if choice.get("index", 0) != 0:
+                continue
+            if choice.get("finish_reason"):
+                self._finish_reason = choice["finish_reason"]
+            delta = choice.get("delta") or {}
+            text = delta.get("content")
+            if isinstance(text, str) and text:
+                events += self._text_delta(text)
+            for call in delta.get("tool_calls") or ():
+                events += self._call_delta(call)
+        return events
+
+    def _text_delta(self, text: str) -> list[bytes]:
+        events = []
+        item_id = f"msg_{self._id[5:]}"
+        if self._message_index is None:
+            self._message_index = self._outputs
+            self._outputs += 1
+            item = {**message_item(self._id, "", status="in_progress"), "content": []}
+            events.append(
+                self._event(
+                    "response.output_item.added", output_index=self._message_index, item=item
+                )
+            )
+            events.append(
+                self._event(
+                    "response.content_part.added",
+                    item_id=item_id,
+                    output_index=self._message_index,
+                    content_index=0,
+                    part={"type": "output_text", "text": "", "annotations": [], "logprobs": []},
+                )
+            )
+        self._text.append(text)
+        events.append(
+            self._event(
+                "response.output_text.delta",
+                item_id=item_id,
+                output_index=self._message_index,
+                content_index=0,
+                delta=text,
+                logprobs=[],
+            )
+        )
+        return events
+
+    def _call_delta(self, call: dict[str, Any]) -> list[bytes]:
+        events = []
+        index = int(call.get("index", 0))
+        state = self._calls.get(index)
+        function = call.get("function") or {}
+        if state is None:
+            state = self._calls[index] = {
+                "type": "function_call",
+                "id": f"fc_{self._id[5:]}_{index}",
+                "call_id": call.get("id") or f"call_{self._id[5:]}_{index}",
+                "name": function.get("name") or "",
+                "arguments": "",
+                "status": "in_progress",
+                "output_index": self._outputs,
+            }
+            self._outputs += 1
+            events.append(
+                self._event(
+                    "response.output_item.added",
+                    output_index=state["output_index"],
+                    item=_item(state),
+                )
+            )
+        if function.get("name") and not state["name"]:
+            state["name"] = function["name"]
+        arguments = function.get("arguments")
+        if isinstance(arguments, str) and arguments:
+            state["arguments"] += arguments
+            events.append(
+                self._event(
+                    "response.function_call_arguments.delta",
+                    item_id=state["id"],
+                    output_index=state["output_index"],
+                    delta=arguments,
+                )
+            )
+        return events
+
+    async def _finish(self) -> list[bytes]:
+        events = []
+        output: list[tuple[int, dict[str, Any]]] = []
+        if self._message_index is not None:
+            text = "".join(self._text)
+            item = message_item(self._id, text)
+            part = item["content"][0]
+            events.append(
+                self._event(
+                    "response.output_text.done",
+                    item_id=item["id"],
+                    output_index=self._message_index,
+                    content_index=0,
+                    text=text,
+                    logprobs=[],
+                )
+            )
+            events.append(
+                self._event(
+                    "response.content_part.done",
+                    item_id=item["id"],
+                    output_index=self._message_index,
+                    content_index=0,
+                    part=part,
+                )
+            )
+            events.append(
+                self._event(
+                    "response.output_item.done", output_index=self._message_index, item=item
+                )
+            )
+            output.append((self._message_index, item))
+        for state in self._calls.values():
+            state["status"] = "completed"
+            item = _item(state)
+            events.append(
+                self._event(
+                    "response.function_call_arguments.done",
+                    item_id=state["id"],
+                    output_index=state["output_index"],
+                    name=state["name"],
+                    arguments=state["arguments"],
+                )
+            )
+            events.append(
+                self._event(
+                    "response.output_item.done", output_index=state["output_index"], item=item
+                )
+            )
+            output.append((state["output_index"], item))
+        response = self._response("completed", [item for _, item in sorted(output, key=_first)])
+        await self._on_complete(response)
+        # A response cut short by max_output_tokens ends with `response.incomplete`.
+        events.append(self._event(f"response.{response['status']}", response=response))
+        return events
+
+
+def _first(pair: tuple[int, dict[str, Any]]) -> int:
+    return pair[0]
+
+
+def _item(state: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in state.items() if k != "output_index"}

@@ -1,0 +1,70 @@
+"""The Responses API against real vLLM: the OpenAI Agents SDK continuing a conversation
+with `previous_response_id`, and a streamed response read by the openai SDK."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, set_tracing_disabled
+from pydantic import BaseModel
+
+from tests.integration.conftest import Gateway
+
+pytestmark = pytest.mark.engine
+
+SYSTEM = "You are the airline's booking assistant. " * 12
+
+
+class Reply(BaseModel):
+    done: bool
+
+
+async def test_an_agents_sdk_agent_continues_from_its_previous_response(
+    gateway: Gateway,
+) -> None:
+    set_tracing_disabled(True)  # the SDK would otherwise export traces to OpenAI
+    client = openai.AsyncOpenAI(base_url=gateway.v1, api_key="unused", max_retries=0)
+    agent = Agent(
+        name="booking",
+        instructions=SYSTEM,
+        model=OpenAIResponsesModel(model="tiny", openai_client=client),
+        # A structured answer (xgrammar) ends the random-weight model's output cleanly; a
+        # free-text one would run into max_tokens, which the SDK treats as an error.
+        output_type=Reply,
+        model_settings=ModelSettings(max_tokens=32, temperature=0),
+    )
+    first = await Runner.run(agent, "Hi")
+    second = await Runner.run(
+        agent, "Change my flight", previous_response_id=first.last_response_id
+    )
+    assert first.last_response_id and second.last_response_id
+    session = first.last_response_id  # a conversation's session is named after its first
+    async with httpx.AsyncClient(timeout=30) as http:
+        stored = await http.get(f"{gateway.v1}/responses/{second.last_response_id}")
+        assert stored.status_code == 200
+        assert stored.json()["previous_response_id"] == first.last_response_id
+        turn = (await http.get(f"{gateway.v1}/sessions/{session}/checkpoints/2")).json()
+    sent = turn["engine_request"]["messages"]
+    assert [m["role"] for m in sent] == ["system", "user", "assistant", "user"]
+    assert sent[0]["content"] == SYSTEM and sent[-1]["content"] == "Change my flight"
+    await client.close()
+
+
+def test_a_streamed_response_with_the_openai_sdk(gateway: Gateway) -> None:
+    client = openai.OpenAI(base_url=gateway.v1, api_key="unused", max_retries=0, timeout=120)
+    events = list(
+        client.responses.create(model="tiny", input="Hello", max_output_tokens=4, stream=True)
+    )
+    kinds = [event.type for event in events]
+    assert kinds[0] == "response.created"
+    assert "response.output_text.delta" in kinds
+    # Four tokens from a random-weight model: cut by max_output_tokens, as OpenAI tells it.
+    terminal = events[-1]
+    assert terminal.type == "response.incomplete"
+    final = terminal.response
+    assert final.incomplete_details is not None
+    assert final.incomplete_details.reason == "max_output_tokens"
+    assert final.usage is not None and final.usage.input_tokens > 0
+    again = client.responses.retrieve(final.id)
+    assert again.id == final.id
