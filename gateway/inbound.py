@@ -34,7 +34,8 @@ class InboundRequest:
         return orjson.dumps({**self.body, "model": served_model})
 
 
-def parse_request(endpoint: Endpoint, raw: bytes) -> InboundRequest:
+def json_object(raw: bytes) -> dict[str, Any]:
+    """A request body that must be one JSON object; a 400 naming the problem otherwise."""
     if not raw.strip():
         raise InvalidRequest(
             "The request body is empty; expected a JSON object.", code="invalid_json"
@@ -47,7 +48,11 @@ def parse_request(endpoint: Endpoint, raw: bytes) -> InboundRequest:
         ) from None
     if not isinstance(body, dict):
         raise InvalidRequest("The request body must be a JSON object.", code="invalid_json")
+    return body
 
+
+def parse_request(endpoint: Endpoint, raw: bytes) -> InboundRequest:
+    body = json_object(raw)
     model = body.get("model")
     _require(body, "model")
     if not isinstance(model, str) or not model:

@@ -20,6 +20,7 @@ import orjson
 from starlette.responses import Response
 
 from gateway.errors import InvalidRequest, NotFound
+from gateway.inbound import json_object
 from gateway.pipeline import Pipeline, RequestContext
 from gateway.policy import Endpoint
 from gateway.relay import RelayResponse
@@ -145,14 +146,7 @@ def _not_found(response_id: str, param: str) -> NotFound:
 
 
 def _parse(raw: bytes) -> dict[str, Any]:
-    try:
-        request = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidRequest(
-            f"We could not parse the JSON body of your request: {exc}", code="invalid_json"
-        ) from None
-    if not isinstance(request, dict):
-        raise InvalidRequest("The request body must be a JSON object.", code="invalid_json")
+    request = json_object(raw)
     for name in ("model", "input"):
         if request.get(name) is None:
             raise InvalidRequest(
