@@ -16,6 +16,7 @@ from gateway.errors import InvalidRequest, NotFound
 from gateway.sessions.checkpoints import Checkpoint, engine_request, history
 from gateway.sessions.keys import DEFAULT_TENANT, SessionRef, check_session_id
 from gateway.sessions.store import CheckpointStore
+from gateway.sessions.turns import materialised_entities
 from gateway.trimming.conversation import tool_results
 
 
@@ -87,7 +88,8 @@ def build_sessions_router() -> APIRouter:
             "client_messages": checkpoint.new_messages,
             "engine_request": engine_request(checkpoints, number, await store.blobs(session)),
             "reply": checkpoint.reply,
-            "entities": checkpoint.entities,
+            # every declared entity's state as of this turn (trimming.state_tools)
+            "entities": materialised_entities(checkpoints[:number]),
         }
         return _json(body)
 

@@ -24,6 +24,7 @@ from gateway.sessions.checkpoints import (
 from gateway.sessions.keys import SessionRef
 from gateway.sessions.replies import normalise
 from gateway.sessions.store import CheckpointStore
+from gateway.trimming.conversation import latest_states
 from gateway.trimming.trim import Trimmed, Trimmer
 
 ContextMode = Literal["full", "delta"]
@@ -73,7 +74,7 @@ class SessionTurns:
             return turn, body
         # A rewritten history invalidates the old boundary: compaction starts afresh.
         boundary = prior[-1].trim_boundary if prior and not turn.rewrite else 0
-        trimmed = self.trimmer.trim(list(body["messages"]), boundary, session.id)
+        trimmed = self.trimmer.trim(list(body["messages"]), boundary)
         return replace(turn, trimmed=trimmed), {**body, "messages": trimmed.messages}
 
     async def commit(
@@ -88,6 +89,7 @@ class SessionTurns:
         model: str,
     ) -> int:
         engine, blobs = split_engine_request(engine_body)
+        entities = self._changed_entities(turn, reply)
         checkpoint = Checkpoint(
             created_at=round(time.time(), 3),
             request_id=request_id,
@@ -100,6 +102,7 @@ class SessionTurns:
             route=route,
             usage=usage,
             trim_boundary=turn.trimmed.boundary if turn.trimmed else 0,
+            entities=entities,
         )
         sent = [normalise(m) for m in engine_body.get("messages") or ()]
         if sent != history([*turn.prior, checkpoint], with_last_reply=False):
@@ -107,3 +110,27 @@ class SessionTurns:
             # keep them whole, so time travel shows exactly what it saw.
             checkpoint = replace(checkpoint, engine_messages=sent)
         return await self.store.append(turn.session, checkpoint, blobs)
+
+    def _changed_entities(self, turn: Turn, reply: Message | None) -> dict[str, Any]:
+        """Declared entities whose state this turn's messages set, materialised; the
+        earlier turns' checkpoints hold the rest (`materialised_entities` folds them)."""
+        if self.trimmer is None or not self.trimmer.spec.state_tools:
+            return {}
+        before = history(turn.prior)
+        after = history([*turn.prior, _pending(turn, reply)])
+        specs = self.trimmer.spec.state_tools
+        old, new = latest_states(before, specs), latest_states(after, specs)
+        return {entity: state for entity, state in new.items() if old.get(entity) != state}
+
+
+def _pending(turn: Turn, reply: Message | None) -> Checkpoint:
+    """The turn being committed, as a checkpoint folding needs (messages and reply only)."""
+    return Checkpoint(0.0, "", "", turn.mode, turn.new_messages, turn.rewrite, reply, {})
+
+
+def materialised_entities(checkpoints: list[Checkpoint]) -> dict[str, Any]:
+    """Every declared entity's state as of the last of these checkpoints."""
+    states: dict[str, Any] = {}
+    for checkpoint in checkpoints:
+        states.update(checkpoint.entities)
+    return states

@@ -124,3 +124,15 @@ def problems(messages: list[Message]) -> list[str]:
     if body[-1].get("role") not in ("user", "tool"):
         found.append("the conversation does not end on a user or tool message")
     return found
+
+
+def latest_states(
+    messages: list[Message], specs: dict[str, StateToolSpec]
+) -> dict[str, dict[str, Any]]:
+    """Each declared entity's latest snapshot in these messages, by `<kind>:<id>`."""
+    states: dict[str, dict[str, Any]] = {}
+    for index, result in tool_results(messages).items():
+        snapshot, _ = snapshot_of(result, messages[index].get("content"), specs)
+        if snapshot is not None:
+            states[snapshot.entity] = snapshot.state
+    return states

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,7 +35,7 @@ from gateway.sessions.keys import SessionRef
 from gateway.sessions.replies import normalise
 from gateway.sessions.store import MemoryCheckpoints
 from gateway.sessions.turns import SessionTurns
-from gateway.trimming.conversation import problems, snapshot_of, tool_results
+from gateway.trimming.conversation import latest_states, problems, snapshot_of, tool_results
 from gateway.trimming.tokens import TokenCounter, message_text
 from gateway.trimming.trim import Trimmer
 
@@ -79,12 +78,13 @@ class Evaluation:
     async def _run(self, conversations: list[dict[str, Any]]) -> dict[str, Any]:
         untrimmed, trimmed, window = Tally(), Tally(), Tally()
         turns_total = 0
-        for record in conversations:
+        for number, record in enumerate(conversations):
             sequences: dict[str, list[np.ndarray[Any, Any]]] = {"u": [], "t": [], "w": []}
             peaks = {"u": 0, "t": 0, "w": 0}
             tools_tokens = self.tokens.count(orjson.dumps(record.get("tools") or []).decode())
             turns = SessionTurns(MemoryCheckpoints(), self.trimmer)
-            session = SessionRef("eval", uuid.uuid4().hex)
+            # A fixed name: it appears in the compacted block, so the figures stay exact.
+            session = SessionRef("eval", f"conversation-{number}")
             messages = [normalise(m) for m in record["messages"]]
             for i, message in enumerate(messages):
                 if message.get("role") != "assistant" or i == 0:
@@ -145,7 +145,7 @@ class Evaluation:
                 tally.user_kept += isinstance(content, str) and any(content in t for t in texts)
 
     def _state_retention(self, full: list[Message], context: list[Message]) -> tuple[int, int]:
-        latest = _latest_states(full, self.spec)
+        latest = latest_states(full, self.spec.state_tools)
         recovered = _recover_states(context, self.spec)
         fields = kept = 0
         for entity, state in latest.items():
@@ -224,15 +224,6 @@ def _texts(context: list[Message]) -> list[str]:
         elif isinstance(content, list):
             texts.extend(str(p.get("text", "")) for p in content if isinstance(p, dict))
     return texts
-
-
-def _latest_states(messages: list[Message], spec: TrimmingSpec) -> dict[str, dict[str, Any]]:
-    states: dict[str, dict[str, Any]] = {}
-    for index, result in tool_results(messages).items():
-        snapshot, _ = snapshot_of(result, messages[index].get("content"), spec.state_tools)
-        if snapshot is not None:
-            states[snapshot.entity] = snapshot.state
-    return states
 
 
 def _recover_states(context: list[Message], spec: TrimmingSpec) -> dict[str, dict[str, Any]]:

@@ -41,6 +41,9 @@ BLOCK_HEADER = (
     "entity states, tool results]"
 )
 BLOCK_FOOTER = "[The conversation continues from here.]"
+ARTIFACTS_LINE = (
+    "Elided tool results: GET /v1/sessions/{session}/artifacts/{artifact} returns them whole."
+)
 _INLINE_OUTPUT_CHARS = 160  # shorter tool outputs are quoted in the block, not stubbed
 
 
@@ -72,14 +75,14 @@ class Trimmer:
         self._tokens = tokens
         self._counted: dict[bytes, int] = {}
 
-    def trim(self, messages: list[Message], boundary: int, session_id: str) -> Trimmed:
+    def trim(self, messages: list[Message], boundary: int) -> Trimmed:
         analysis = self._analyse(messages)
         boundary = boundary if boundary > analysis.start else 0
-        rendered, patches = self._render(messages, analysis, boundary, session_id)
+        rendered, patches = self._render(messages, analysis, boundary)
         tokens = self._history_tokens(rendered, analysis.start)
         if tokens > self.spec.high_water_tokens:
-            boundary = self._next_boundary(messages, analysis, boundary, session_id)
-            rendered, patches = self._render(messages, analysis, boundary, session_id)
+            boundary = self._next_boundary(messages, analysis, boundary)
+            rendered, patches = self._render(messages, analysis, boundary)
             tokens = self._history_tokens(rendered, analysis.start)
         if problems(rendered):
             untrimmed = self._history_tokens(messages, analysis.start)
@@ -102,9 +105,7 @@ class Trimmer:
                 snapshots[index] = snapshot
         return _Analysis(prefix_length(messages), results, snapshots, failures)
 
-    def _next_boundary(
-        self, messages: list[Message], analysis: _Analysis, boundary: int, session_id: str
-    ) -> int:
+    def _next_boundary(self, messages: list[Message], analysis: _Analysis, boundary: int) -> int:
         """The first cut point after the current boundary that brings the history under the
         low-water mark, else the last one. Cut points are user messages and assistant
         messages (never between a tool call and its results), so a long run of tool calls
@@ -115,19 +116,19 @@ class Trimmer:
             if messages[i].get("role") in ("user", "assistant")
         ]
         for candidate in cuts:
-            rendered, _ = self._render(messages, analysis, candidate, session_id)
+            rendered, _ = self._render(messages, analysis, candidate)
             if self._history_tokens(rendered, analysis.start) <= self.spec.low_water_tokens:
                 return candidate
         return cuts[-1] if cuts else boundary
 
     def _render(
-        self, messages: list[Message], analysis: _Analysis, boundary: int, session_id: str
+        self, messages: list[Message], analysis: _Analysis, boundary: int
     ) -> tuple[list[Message], int]:
         out = list(messages[: analysis.start])
         shown: dict[str, dict[str, Any]] = {}  # entity -> the state last put in the context
         tail_from = analysis.start
         if boundary:
-            block, shown = self._block(messages, analysis, boundary, session_id)
+            block, shown = self._block(messages, analysis, boundary)
             first = messages[boundary]
             if first.get("role") == "user":  # the block leads the user's own message
                 out.append({**first, "content": _with_block(block, first.get("content"))})
@@ -148,18 +149,16 @@ class Trimmer:
         return out, patches
 
     def _block(
-        self, messages: list[Message], analysis: _Analysis, boundary: int, session_id: str
+        self, messages: list[Message], analysis: _Analysis, boundary: int
     ) -> tuple[str, dict[str, dict[str, Any]]]:
         """The folded turns as a log in their original order: each user message verbatim,
         each entity snapshot (whole the first time, then as a patch), a line for every other
         tool result. Assistant messages are dropped. A log, so that when the boundary moves
         on, the new block starts with the old one and the engine's cache keeps it (putting
         current states in one place instead cost 1.9x the prefill, measured)."""
-        lines = [
-            BLOCK_HEADER,
-            f"Elided tool results can be fetched whole: GET /v1/sessions/{session_id}/"
-            "artifacts/{artifact}.",
-        ]
+        # The fetch path names no session: the agent knows its own, and a session-free
+        # block costs the same tokens in every session.
+        lines = [BLOCK_HEADER, ARTIFACTS_LINE]
         states: dict[str, dict[str, Any]] = {}
         for index in range(analysis.start, boundary):
             message = messages[index]

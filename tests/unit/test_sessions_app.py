@@ -284,3 +284,34 @@ def test_trimming_sends_the_engine_a_compacted_context_and_keeps_artifacts(
     assert missing.status_code == 404
     metrics = client.get("/metrics").text
     assert 'gateway_trims_total{outcome="trimmed"} 3.0' in metrics
+
+
+def test_each_checkpoint_materialises_the_declared_entities(
+    gateway: Gateway, redis_url: str
+) -> None:
+    policy = parse_policy(
+        POLICY
+        + f"state: {{redis_url: '{redis_url}'}}\n"
+        + "trimming:\n  enabled: true\n  state_tools:\n"
+        + "    get_res: {entity: reservation, id_field: reservation_id}\n"
+    )
+    client, _ = gateway(policy_override=policy)
+    headers = session_headers()
+    sid = headers["X-Session-Id"]
+    lookup = {"id": "c", "type": "function", "function": {"name": "get_res", "arguments": "{}"}}
+
+    def snapshot(cabin: str) -> list[dict[str, Any]]:
+        content = orjson.dumps({"reservation_id": "R1", "cabin": cabin}).decode()
+        return [
+            {"role": "assistant", "tool_calls": [lookup]},
+            {"role": "tool", "tool_call_id": "c", "content": content},
+        ]
+
+    history: list[dict[str, Any]] = [user("show R1"), *snapshot("business")]
+    history.append(chat(client, history, headers).json()["choices"][0]["message"])
+    history += [user("downgrade it"), *snapshot("economy")]
+    chat(client, history, headers)
+    first = client.get(f"/v1/sessions/{sid}/checkpoints/1").json()
+    second = client.get(f"/v1/sessions/{sid}/checkpoints/2").json()
+    assert first["entities"] == {"reservation:R1": {"reservation_id": "R1", "cabin": "business"}}
+    assert second["entities"] == {"reservation:R1": {"reservation_id": "R1", "cabin": "economy"}}

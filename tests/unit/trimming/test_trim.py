@@ -61,7 +61,7 @@ def test_a_later_snapshot_travels_as_a_verified_patch() -> None:
         call("update", {"reservation_id": "R1"}), result("ok"),
         call("get_reservation", {"reservation_id": "R1"}, "c1"), result(RES_V2, "c1"),
     ]  # fmt: skip
-    out = trimmer().trim(conversation, 0, "s")
+    out = trimmer().trim(conversation, 0)
     assert out.patches == 1 and out.boundary == 0
     assert out.messages[3] == conversation[3]  # the first snapshot goes whole
     text = out.messages[7]["content"]
@@ -87,7 +87,7 @@ def test_a_snapshot_failing_its_schema_goes_whole_and_is_counted() -> None:
         call("get_reservation", {}), result(RES_V1),
         call("get_reservation", {}), result(RES_V2),
     ]  # fmt: skip
-    out = trimmer(strict).trim(conversation, 0, "s")
+    out = trimmer(strict).trim(conversation, 0)
     assert out.patches == 0 and out.schema_failures == 2
     assert out.messages == conversation
 
@@ -113,7 +113,7 @@ def requests(conversation: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
 
 def test_compaction_folds_the_past_into_one_valid_block() -> None:
     conversation = [*long_conversation(8), user("And now?")]
-    out = trimmer().trim(conversation, 0, "sess-1")
+    out = trimmer().trim(conversation, 0)
     assert out.boundary > 0
     assert problems(out.messages) == []
     block = out.messages[1]["content"]
@@ -122,7 +122,7 @@ def test_compaction_folds_the_past_into_one_valid_block() -> None:
     for t in range(8):  # every user message, verbatim
         assert f"Question {t}: find me flights, please." in json.dumps(out.messages)
     assert "state reservation:R1 = " in block
-    assert "artifact m3" in block and "/v1/sessions/sess-1/artifacts/" in block
+    assert "artifact m3" in block and "/v1/sessions/{session}/artifacts/" in block
     assert out.history_tokens < trimmer().history_tokens(conversation)
 
 
@@ -135,7 +135,7 @@ def test_between_compactions_each_context_extends_the_previous_one() -> None:
     t = trimmer()
     boundary, previous, moves = 0, None, 0
     for request in requests(long_conversation(10)):
-        out = t.trim(request, boundary, "s")
+        out = t.trim(request, boundary)
         assert problems(out.messages) == []
         if out.boundary != boundary:
             moves += 1
@@ -181,7 +181,7 @@ def test_invalid_conversations_are_named(conversation: list[Any], problem: str) 
 
 def test_an_invalid_context_is_never_trimmed_into_something_else() -> None:
     broken = [*long_conversation(8), user("x"), result("orphan")]
-    out = trimmer().trim(broken, 0, "s")
+    out = trimmer().trim(broken, 0)
     assert out.fell_back
     assert out.messages == broken
 
@@ -194,7 +194,7 @@ def test_the_tau_bench_policy_trims_real_conversations_validly() -> None:
     for record in records:
         boundary = 0
         for request in requests([normalise(m) for m in record["messages"]]):
-            out = t.trim(request, boundary, "s")
+            out = t.trim(request, boundary)
             assert not out.fell_back and problems(out.messages) == []
             boundary = out.boundary
 
