@@ -36,14 +36,14 @@ from gateway.trimming.conversation import (
 )
 from gateway.trimming.tokens import TokenCounter, message_text
 
+# Every token of the block is paid on every turn until the next compaction: keep the
+# frame short. The fetch path names no session (the agent knows its own).
 BLOCK_HEADER = (
-    "[Earlier in this conversation, compacted by the gateway: the user's messages verbatim, "
-    "entity states, tool results]"
+    "[Earlier turns, compacted: user messages verbatim, entity states, tool results; "
+    "GET /v1/sessions/{session}/artifacts/{artifact} returns an elided result]"
 )
-BLOCK_FOOTER = "[The conversation continues from here.]"
-ARTIFACTS_LINE = (
-    "Elided tool results: GET /v1/sessions/{session}/artifacts/{artifact} returns them whole."
-)
+BLOCK_FOOTER = "[End of compacted turns]"
+_ARGUMENT_CHARS = 120  # longer call arguments are cut short in the block
 _INLINE_OUTPUT_CHARS = 160  # shorter tool outputs are quoted in the block, not stubbed
 
 
@@ -156,15 +156,13 @@ class Trimmer:
         tool result. Assistant messages are dropped. A log, so that when the boundary moves
         on, the new block starts with the old one and the engine's cache keeps it (putting
         current states in one place instead cost 1.9x the prefill, measured)."""
-        # The fetch path names no session: the agent knows its own, and a session-free
-        # block costs the same tokens in every session.
-        lines = [BLOCK_HEADER, ARTIFACTS_LINE]
+        lines = [BLOCK_HEADER]
         states: dict[str, dict[str, Any]] = {}
         for index in range(analysis.start, boundary):
             message = messages[index]
             role = message.get("role")
             if role == "user":
-                lines.append(f"<user_message>\n{_text(message.get('content'))}\n</user_message>")
+                lines.append(f"<user>{_text(message.get('content'))}</user>")
             elif role == "tool":
                 lines.append(self._folded_result(messages, analysis, index, states))
         lines.append(BLOCK_FOOTER)
@@ -185,10 +183,12 @@ class Trimmer:
             return f"state {snapshot.entity} = {_canonical(snapshot.state)}"
         result = analysis.results[index]
         content = _text(messages[index].get("content"))
-        call = f"{result.name}({result.arguments})"
-        if len(content) <= _INLINE_OUTPUT_CHARS:
-            return f"tool {call} returned: {content}"
-        return f"tool {call} returned {len(content):,} chars: artifact {artifact_handle(index)}"
+        arguments, cut = _short_arguments(result.arguments)
+        call = f"tool {result.name}({arguments})"
+        handle = artifact_handle(index)
+        if len(content) > _INLINE_OUTPUT_CHARS:
+            return f"{call}: elided, artifact {handle}"
+        return f"{call}: {content}" + (f" (artifact {handle})" if cut else "")
 
     def _history_tokens(self, messages: list[Message], start: int) -> int:
         total = 0
@@ -201,6 +201,19 @@ class Trimmer:
                     self._counted.clear()
             total += count
         return total
+
+
+def _short_arguments(arguments: str) -> tuple[str, bool]:
+    """A folded call's arguments, compact; long ones (an agent's `think` notes) cut short,
+    like the assistant text the block drops (the artifact keeps them whole). And whether
+    they were cut."""
+    try:
+        text = orjson.dumps(orjson.loads(arguments)).decode() if arguments else ""
+    except orjson.JSONDecodeError:
+        text = arguments
+    if len(text) <= _ARGUMENT_CHARS:
+        return text, False
+    return text[: _ARGUMENT_CHARS - 1] + "…", True
 
 
 def _text(content: Any) -> str:

@@ -274,7 +274,7 @@ def test_trimming_sends_the_engine_a_compacted_context_and_keeps_artifacts(
         history.append(response.json()["choices"][0]["message"])
     sent = orjson.loads(fake.calls[-1].body)["messages"]
     assert len(orjson.dumps(sent)) < len(orjson.dumps(history))
-    assert "compacted by the gateway" in orjson.dumps(sent).decode()
+    assert "Earlier turns, compacted" in orjson.dumps(sent).decode()
     checkpoint = client.get(f"/v1/sessions/{sid}/checkpoints/3").json()
     assert checkpoint["engine_request"]["messages"] == [normalise(m) for m in sent]
     artifact = client.get(f"/v1/sessions/{sid}/artifacts/m3").json()
