@@ -116,6 +116,12 @@ class Pipeline:
         pool = self._fleet.pool_for(request.model, endpoint)
         session = self._session_of(request, context)
         turn, request = await self._hydrate(request, session, context)
+        # A session turn's checkpoint keeps its usage: a stream is asked for it upstream
+        # even when the client did not ask, and that one extra chunk is not passed on.
+        hide_usage = turn is not None and request.stream and not _asks_usage(request.body)
+        if hide_usage:
+            options = {**(request.body.get("stream_options") or {}), "include_usage": True}
+            request = request.with_body({**request.body, "stream_options": options})
         request, tools_json = self._canonicalise(request)
         prefix_changes = await self._prefix_changes(request, session)
         route = self._route_request(
@@ -133,7 +139,7 @@ class Pipeline:
             headers["X-Gateway-Session"] = turn.session.id
             checkpoint = self._checkpointer(turn, request, pool, dispatch, context)
         if request.stream:
-            return self._relay_stream(request, dispatch, headers, checkpoint)
+            return self._relay_stream(request, dispatch, headers, checkpoint, hide_usage)
         return await self._relay_whole(dispatch, headers, checkpoint)
 
     def _session_of(self, request: InboundRequest, context: RequestContext) -> SessionRef | None:
@@ -341,6 +347,7 @@ class Pipeline:
         dispatch: _Dispatch,
         headers: dict[str, str],
         checkpoint: Checkpointer | None,
+        hide_usage: bool = False,
     ) -> RelayResponse:
         relay = StreamRelay(
             dispatch.replica,
@@ -350,5 +357,11 @@ class Pipeline:
             # Only logprobs chunks need fixing; every other stream passes byte for byte.
             conform=bool(request.body.get("logprobs")),
             on_done=checkpoint,
+            hide_usage=hide_usage,
         )
         return RelayResponse(relay, headers)
+
+
+def _asks_usage(body: dict[str, Any]) -> bool:
+    options = body.get("stream_options")
+    return isinstance(options, dict) and bool(options.get("include_usage"))

@@ -151,3 +151,20 @@ def test_two_gateway_processes_share_sessions_and_responses(
         "system", "user", "assistant", "user"]  # fmt: skip
     assert [m["content"] for m in sent if m["role"] == "user"] == ["Hello", "Again"]
     assert second.previous_response_id == first.id
+
+
+def test_a_streamed_session_turn_is_checkpointed_with_usage_the_client_did_not_ask_for(
+    gateway: Gateway,
+) -> None:
+    session = f"st-{uuid.uuid4().hex}"
+    stream = sdk(gateway).chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "Hi"}],
+        max_tokens=4,
+        stream=True,
+        extra_headers={"X-Session-Id": session},
+    )
+    chunks = list(stream)
+    assert chunks and all(c.usage is None and c.choices for c in chunks)
+    turn = checkpoints(gateway, session)[0]
+    assert turn["usage"]["prompt_tokens"] > 0

@@ -157,6 +157,27 @@ def test_a_streamed_turn_is_checkpointed_before_done(gateway: Gateway) -> None:
     assert turns["reply"] == {"role": "assistant", "content": "seen 1"}
 
 
+def test_a_streamed_turn_keeps_its_usage_without_showing_the_client(gateway: Gateway) -> None:
+    def with_usage(call: Call) -> Scripted:
+        assert orjson.loads(call.body)["stream_options"] == {"include_usage": True}
+        usage = b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":1}}\n\n'
+        chunks = stream("ok")
+        return Scripted(chunks=[*chunks[:-1], usage, chunks[-1]], content_type="text/event-stream")
+
+    client, _ = gateway(with_usage)
+    headers = session_headers()
+    with client.stream(
+        "POST",
+        "/v1/chat/completions",
+        json={"model": "tiny", "messages": [user("a")], "stream": True},
+        headers=headers,
+    ) as response:
+        body = "".join(response.iter_lines())
+    assert "usage" not in body  # the client did not ask for it
+    listing = client.get(f"/v1/sessions/{headers['X-Session-Id']}/checkpoints").json()
+    assert listing["data"][0]["usage"] == {"prompt_tokens": 3, "completion_tokens": 1}
+
+
 def test_a_failed_turn_leaves_the_previous_checkpoint(gateway: Gateway) -> None:
     def breaks_on_second(call: Call) -> Scripted:
         if len(orjson.loads(call.body)["messages"]) > 1:
