@@ -4,7 +4,6 @@ behaviour."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio as aioredis
@@ -32,13 +31,6 @@ def turn(text: str) -> Checkpoint:
         reply={"role": "assistant", "content": text.upper()},
         engine={"model": "served"},
     )
-
-
-@pytest.fixture
-async def redis(redis_url: str) -> AsyncIterator[aioredis.Redis]:
-    client = aioredis.Redis.from_url(redis_url)
-    yield client
-    await client.aclose()
 
 
 @pytest.fixture(params=["redis", "memory"])
