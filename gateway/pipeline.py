@@ -116,12 +116,7 @@ class Pipeline:
         pool = self._fleet.pool_for(request.model, endpoint)
         session = self._session_of(request, context)
         turn, request = await self._hydrate(request, session, context)
-        # A session turn's checkpoint keeps its usage: a stream is asked for it upstream
-        # even when the client did not ask, and that one extra chunk is not passed on.
-        hide_usage = turn is not None and request.stream and not _asks_usage(request.body)
-        if hide_usage:
-            options = {**(request.body.get("stream_options") or {}), "include_usage": True}
-            request = request.with_body({**request.body, "stream_options": options})
+        request, hide_usage = _with_usage_for_checkpoint(request, turn)
         request, tools_json = self._canonicalise(request)
         prefix_changes = await self._prefix_changes(request, session)
         route = self._route_request(
@@ -362,6 +357,15 @@ class Pipeline:
         return RelayResponse(relay, headers)
 
 
-def _asks_usage(body: dict[str, Any]) -> bool:
-    options = body.get("stream_options")
-    return isinstance(options, dict) and bool(options.get("include_usage"))
+def _with_usage_for_checkpoint(
+    request: InboundRequest, turn: Turn | None
+) -> tuple[InboundRequest, bool]:
+    """A session turn's checkpoint keeps its usage: a stream asks the engine for it even
+    when the client did not, and then that one extra chunk is not passed on (True)."""
+    if turn is None or not request.stream:
+        return request, False
+    options = request.body.get("stream_options")
+    if isinstance(options, dict) and options.get("include_usage"):
+        return request, False
+    options = {**(options or {}), "include_usage": True}
+    return request.with_body({**request.body, "stream_options": options}), True

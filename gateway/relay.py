@@ -47,7 +47,8 @@ class StreamRelay:
         # A session turn: collect the reply as it passes and checkpoint it before [DONE].
         self._on_done = on_done
         self._reply = ReplyCollector() if on_done is not None else None
-        self._hide_usage = hide_usage  # the gateway asked for the usage chunk, not the client
+        # The gateway asked for the usage chunk, not the client (only with a session turn).
+        self._hide_usage = hide_usage
         self._conform = conform
         self._response = response
         self._deadline = deadline
@@ -77,11 +78,11 @@ class StreamRelay:
                     return
                 for event in framer.feed(chunk):
                     if self._reply is not None and not self._reply.done:
-                        self._reply.feed(event)
+                        usage_only = self._reply.feed(event)
                         if self._reply.done and self._on_done is not None:
                             await self._on_done(self._reply.message(), self._reply.usage)
-                    if self._hide_usage and _usage_only(event):
-                        continue
+                        if usage_only and self._hide_usage:
+                            continue
                     yield conform_event(event) if self._conform else event
         finally:
             self.close()
@@ -116,15 +117,3 @@ class RelayResponse(StreamingResponse):
 def stream_error(error: GatewayError) -> bytes:
     """Errors after the first byte travel in-stream, as OpenAI sends them."""
     return data_event(orjson.dumps(error.body()))
-
-
-def _usage_only(event: bytes) -> bool:
-    """The final chunk `stream_options.include_usage` adds: no choices, only usage."""
-    if b'"usage"' not in event or b'"choices"' not in event:
-        return False
-    data = event.strip().removeprefix(b"data:").strip()
-    try:
-        chunk = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return False
-    return isinstance(chunk, dict) and not chunk.get("choices") and bool(chunk.get("usage"))

@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 
 from gateway.responses.convert import message_item, response_object, usage_of
+from gateway.sse import DONE, chat_chunks
 
 
 class ResponseEvents:
@@ -57,19 +58,13 @@ class ResponseEvents:
         yield self._event("response.created", response=self._response("in_progress", []))
         yield self._event("response.in_progress", response=self._response("in_progress", []))
         async for raw in chat_events:
-            for line in raw.splitlines():
-                if not line.startswith(b"data:"):
-                    continue
-                data = line[5:].strip()
-                if data == b"[DONE]":
+            for chunk in chat_chunks(raw):
+                if chunk is DONE:
                     for event in await self._finish():
                         yield event
                     return
-                try:
-                    chunk = orjson.loads(data)
-                except orjson.JSONDecodeError:
-                    continue
-                if isinstance(chunk, dict) and "error" in chunk:
+                assert isinstance(chunk, dict)
+                if "error" in chunk:
                     error = chunk["error"] or {}
                     yield self._event(
                         "error",

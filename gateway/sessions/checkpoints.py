@@ -69,18 +69,15 @@ def new_messages(stored: list[Message], sent: list[Message]) -> tuple[list[Messa
     return list(sent), True
 
 
-def digest(value: Any) -> str:
-    return hashlib.blake2b(orjson.dumps(value), digest_size=12).hexdigest()
-
-
 def split_engine_request(body: dict[str, Any]) -> tuple[dict[str, Any], dict[str, bytes]]:
     """The engine request without messages, tools replaced by their digest; and the blobs."""
     engine = {k: v for k, v in body.items() if k != "messages"}
     blobs: dict[str, bytes] = {}
     tools = engine.get("tools")
     if tools:
-        key = digest(tools)
-        blobs[key] = orjson.dumps(tools)
+        raw = orjson.dumps(tools)
+        key = hashlib.blake2b(raw, digest_size=12).hexdigest()
+        blobs[key] = raw
         engine["tools"] = {"$blob": key}
     return engine, blobs
 

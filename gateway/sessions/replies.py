@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 
 from gateway.sessions.checkpoints import Message
+from gateway.sse import DONE, chat_chunks
 
 _KEPT = ("role", "content", "name", "tool_call_id")
 
@@ -60,20 +61,17 @@ class ReplyCollector:
         self.usage: dict[str, Any] | None = None
         self.done = False  # `data: [DONE]` seen: the engine finished the turn
 
-    def feed(self, event: bytes) -> None:
-        for line in event.splitlines():
-            if not line.startswith(b"data:"):
-                continue
-            data = line[5:].strip()
-            if data == b"[DONE]":
+    def feed(self, event: bytes) -> bool:
+        """Take in one stream event; True when it was only the usage chunk that
+        `stream_options.include_usage` adds (no choices)."""
+        usage_only = False
+        for chunk in chat_chunks(event):
+            if chunk is DONE:
                 self.done = True
-                continue
-            try:
-                chunk = orjson.loads(data)
-            except orjson.JSONDecodeError:
-                continue
-            if isinstance(chunk, dict):
+            elif isinstance(chunk, dict):
                 self._take(chunk)
+                usage_only = bool(chunk.get("usage")) and not chunk.get("choices")
+        return usage_only
 
     def _take(self, chunk: dict[str, Any]) -> None:
         if isinstance(chunk.get("usage"), dict):

@@ -49,6 +49,7 @@ class Turn:
     prior: list[Checkpoint]
     new_messages: list[Message]
     rewrite: bool
+    conversation: list[Message]  # the whole conversation this turn continues, new messages in
     trimmed: Trimmed | None = None  # what trimming made of the context, when it is on
 
 
@@ -66,10 +67,11 @@ class SessionTurns:
         sent = [normalise(m) for m in body.get("messages") or ()]
         if mode == "delta":
             body = {**body, "messages": [*stored, *body.get("messages", ())]}
-            turn = Turn(session, mode, prior, sent, False)
+            turn = Turn(session, mode, prior, sent, False, [*stored, *sent])
         else:
             added, rewrite = new_messages(stored, sent)
-            turn = Turn(session, mode, prior, added, rewrite)
+            conversation = added if rewrite else [*stored, *added]
+            turn = Turn(session, mode, prior, added, rewrite, conversation)
         if self.trimmer is None:
             return turn, body
         # A rewritten history invalidates the old boundary: compaction starts afresh.
@@ -105,7 +107,7 @@ class SessionTurns:
             entities=entities,
         )
         sent = [normalise(m) for m in engine_body.get("messages") or ()]
-        if sent != history([*turn.prior, checkpoint], with_last_reply=False):
+        if sent != turn.conversation:
             # The engine saw other messages than the conversation (volatile values moved):
             # keep them whole, so time travel shows exactly what it saw.
             checkpoint = replace(checkpoint, engine_messages=sent)
@@ -116,16 +118,10 @@ class SessionTurns:
         earlier turns' checkpoints hold the rest (`materialised_entities` folds them)."""
         if self.trimmer is None or not self.trimmer.spec.state_tools:
             return {}
-        before = history(turn.prior)
-        after = history([*turn.prior, _pending(turn, reply)])
-        specs = self.trimmer.spec.state_tools
-        old, new = latest_states(before, specs), latest_states(after, specs)
+        after = [*turn.conversation, reply] if reply is not None else turn.conversation
+        old = materialised_entities(turn.prior)
+        new = latest_states(after, self.trimmer.spec.state_tools)
         return {entity: state for entity, state in new.items() if old.get(entity) != state}
-
-
-def _pending(turn: Turn, reply: Message | None) -> Checkpoint:
-    """The turn being committed, as a checkpoint folding needs (messages and reply only)."""
-    return Checkpoint(0.0, "", "", turn.mode, turn.new_messages, turn.rewrite, reply, {})
 
 
 def materialised_entities(checkpoints: list[Checkpoint]) -> dict[str, Any]:

@@ -37,10 +37,9 @@ from gateway.sessions.store import MemoryCheckpoints
 from gateway.sessions.turns import SessionTurns
 from gateway.trimming.conversation import latest_states, problems, snapshot_of, tool_results
 from gateway.trimming.tokens import TokenCounter, message_text
-from gateway.trimming.trim import Trimmer
+from gateway.trimming.trim import PATCH_MARK, Trimmer
 
 CACHE_BLOCK = 16
-_PATCH_MARK = "JSON Patch (RFC 6902) of "
 
 
 @dataclass
@@ -238,11 +237,7 @@ def _recover_states(context: list[Message], spec: TrimmingSpec) -> dict[str, dic
         if index not in results:
             continue
         content = message.get("content")
-        if isinstance(content, str) and content.startswith(_PATCH_MARK):
-            entity = content[len(_PATCH_MARK) :].split(" ", 1)[0]
-            ops = orjson.loads(content[content.index(": [") + 2 :])
-            if entity in states:
-                states[entity] = jsonpatch.apply_patch(states[entity], ops)
+        if isinstance(content, str) and _apply_patch_text(content, states):
             continue
         snapshot, _ = snapshot_of(results[index], content, spec.state_tools)
         if snapshot is not None:
@@ -250,16 +245,24 @@ def _recover_states(context: list[Message], spec: TrimmingSpec) -> dict[str, dic
     return states
 
 
+def _apply_patch_text(text: str, states: dict[str, dict[str, Any]]) -> bool:
+    """Apply a patch as trimming writes it (`PATCH_MARK` E ...: [ops]); False if `text` is
+    not one."""
+    if not text.startswith(PATCH_MARK):
+        return False
+    entity = text[len(PATCH_MARK) :].split(" ", 1)[0]
+    if entity in states:
+        ops = orjson.loads(text[text.index(": [") + 2 :])
+        states[entity] = jsonpatch.apply_patch(states[entity], ops)
+    return True
+
+
 def _apply_block_line(line: str, states: dict[str, dict[str, Any]]) -> None:
     """A compacted block's `state E = {...}` and `state JSON Patch ... of E ...` lines."""
     if not line.startswith("state "):
         return
     rest = line[len("state ") :]
-    if rest.startswith(_PATCH_MARK):
-        entity = rest[len(_PATCH_MARK) :].split(" ", 1)[0]
-        if entity in states:
-            ops = orjson.loads(rest[rest.index(": [") + 2 :])
-            states[entity] = jsonpatch.apply_patch(states[entity], ops)
+    if _apply_patch_text(rest, states):
         return
     entity, sep, raw = rest.partition(" = ")
     if sep:

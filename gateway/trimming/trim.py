@@ -43,6 +43,7 @@ BLOCK_HEADER = (
     "GET /v1/sessions/{session}/artifacts/{artifact} returns an elided result]"
 )
 BLOCK_FOOTER = "[End of compacted turns]"
+PATCH_MARK = "JSON Patch (RFC 6902) of "  # starts every patch sent in place of a snapshot
 _ARGUMENT_CHARS = 120  # longer call arguments are cut short in the block
 _INLINE_OUTPUT_CHARS = 160  # shorter tool outputs are quoted in the block, not stubbed
 
@@ -257,6 +258,5 @@ def _canonical(value: Any) -> str:
 def _patch_text(entity: str, ops: list[Any]) -> str:
     body = _canonical(ops)
     return (
-        f"JSON Patch (RFC 6902) of {entity} against its previous state above "
-        f"(unchanged fields omitted): {body}"
+        f"{PATCH_MARK}{entity} against its previous state above (unchanged fields omitted): {body}"
     )

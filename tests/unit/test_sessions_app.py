@@ -90,6 +90,17 @@ def chat(client: TestClient, messages: list[Any], headers: dict[str, str], **bod
     return response
 
 
+def stream_chat(client: TestClient, messages: list[Any], headers: dict[str, str]) -> list[str]:
+    """A streamed chat request; the non-empty lines the client received."""
+    with client.stream(
+        "POST",
+        "/v1/chat/completions",
+        json={"model": "tiny", "messages": messages, "stream": True},
+        headers=headers,
+    ) as response:
+        return [line for line in response.iter_lines() if line]
+
+
 def user(text: str) -> dict[str, str]:
     return {"role": "user", "content": text}
 
@@ -145,14 +156,8 @@ def test_time_travel_shows_exactly_what_the_engine_was_sent(gateway: Gateway) ->
 def test_a_streamed_turn_is_checkpointed_before_done(gateway: Gateway) -> None:
     client, _ = gateway()
     headers = session_headers()
-    with client.stream(
-        "POST",
-        "/v1/chat/completions",
-        json={"model": "tiny", "messages": [user("a")], "stream": True},
-        headers=headers,
-    ) as response:
-        events = [line for line in response.iter_lines() if line]
-        assert events[-1] == "data: [DONE]"
+    events = stream_chat(client, [user("a")], headers)
+    assert events[-1] == "data: [DONE]"
     turns = client.get(f"/v1/sessions/{headers['X-Session-Id']}/checkpoints/1").json()
     assert turns["reply"] == {"role": "assistant", "content": "seen 1"}
 
@@ -166,13 +171,7 @@ def test_a_streamed_turn_keeps_its_usage_without_showing_the_client(gateway: Gat
 
     client, _ = gateway(with_usage)
     headers = session_headers()
-    with client.stream(
-        "POST",
-        "/v1/chat/completions",
-        json={"model": "tiny", "messages": [user("a")], "stream": True},
-        headers=headers,
-    ) as response:
-        body = "".join(response.iter_lines())
+    body = "".join(stream_chat(client, [user("a")], headers))
     assert "usage" not in body  # the client did not ask for it
     listing = client.get(f"/v1/sessions/{headers['X-Session-Id']}/checkpoints").json()
     assert listing["data"][0]["usage"] == {"prompt_tokens": 3, "completion_tokens": 1}
@@ -188,13 +187,7 @@ def test_a_failed_turn_leaves_the_previous_checkpoint(gateway: Gateway) -> None:
     client, _ = gateway(breaks_on_second)
     headers = session_headers()
     chat(client, [user("a")], headers)
-    with client.stream(
-        "POST",
-        "/v1/chat/completions",
-        json={"model": "tiny", "messages": [user("b")], "stream": True},
-        headers={**headers, "X-Context-Mode": "delta"},
-    ) as response:
-        body = "".join(response.iter_lines())
+    body = "".join(stream_chat(client, [user("b")], {**headers, "X-Context-Mode": "delta"}))
     assert "upstream_error" in body
     listing = client.get(f"/v1/sessions/{headers['X-Session-Id']}/checkpoints").json()
     assert len(listing["data"]) == 1
