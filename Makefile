@@ -8,12 +8,13 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: run test check lint typecheck unit integration engine-env schema engine-validate clean help bench-routing bench-sessions
+.PHONY: run test check lint typecheck unit integration engine-env schema engine-validate clean help bench-routing bench-sessions bench-tiers
 
 help:
 	@echo "make run    - engines + gateway on http://127.0.0.1:8080 (Ctrl-C stops all)"
 	@echo "make test   - the whole suite: lint, types, unit, contract and real-vLLM integration"
 	@echo "make schema - regenerate policies/policy.schema.json from the policy models"
+	@echo "make bench-tiers   - learned tier router on RouteLLM labels, held out by group (about 3 min)"
 	@echo "make bench-routing - trace replay, routing overhead, tau-bench on real vLLM (about 15 min)"
 
 $(STAMP): pyproject.toml
@@ -67,6 +68,10 @@ bench-routing: $(STAMP) engine-env
 # Session checkpoint cost against the local Redis.
 bench-sessions: $(STAMP)
 	@$(BIN)/python -m tests.bench.checkpoint_write
+
+# The learned tier router on RouteLLM labels, held out by group (about 3 min).
+bench-tiers: $(STAMP)
+	@$(BIN)/python -m tests.bench.route_eval
 
 schema: $(STAMP)
 	@$(BIN)/gateway policy schema --out policies/policy.schema.json

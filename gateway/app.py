@@ -41,6 +41,8 @@ from gateway.routing.build import build_router
 from gateway.sessions.store import RedisCheckpoints
 from gateway.sessions.turns import SessionTurns
 from gateway.state_store import StateStore
+from gateway.tiering.chooser import TierChooser, load_learned_router
+from gateway.tiering.memory import RedisSessionTiers
 from gateway.trimming.tokens import token_counter
 from gateway.trimming.trim import Trimmer
 from gateway.upstream import AiohttpUpstream, Upstream
@@ -86,6 +88,13 @@ def create_app(
             metrics=metrics,
             request_log=request_log,
             sessions=SessionTurns(checkpoints, trimmer),
+            tiers=TierChooser(
+                policy,
+                fleet,
+                memory=RedisSessionTiers(state.redis),
+                cached_share=router.cached_share,
+                load_scorer=load_learned_router,
+            ),
         )
         app.state.responses = ResponsesService(
             app.state.pipeline,

@@ -5,6 +5,8 @@ gateway policy check FILE [FILE ...]
 gateway policy schema [--out FILE]
 gateway replay --trace FILE [--replicas N] [--cache-blocks M] [--policy FILE] [--json]
 gateway trim-eval --trajectories FILE [--policy FILE] [--tokenizer FILE] [--json]
+gateway route-train --labels FILE --out FILE [--seed N]
+gateway route-eval --labels FILE [--policy FILE] [--artifact FILE] [--folds K] [--json]
 """
 
 from __future__ import annotations
@@ -185,6 +187,53 @@ def _trim_table(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _route_train(args: argparse.Namespace) -> int:
+    from gateway.tiering.train import LabelError, TrainConfig, read_labels, train_router
+
+    try:
+        prompts = read_labels(args.labels)
+    except (OSError, LabelError) as exc:
+        print(f"gateway route-train: {exc}", file=sys.stderr)
+        return 2
+    router = train_router(
+        prompts,
+        TrainConfig(seed=args.seed),
+        labels_name=Path(args.labels).name,
+        progress=lambda line: print(line, file=sys.stderr, flush=True),
+    )
+    try:
+        router.save(args.out)
+    except OSError as exc:
+        print(f"gateway route-train: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {args.out}: {router.version}, trained on {router.trained_on}")
+    return 0
+
+
+def _route_eval(args: argparse.Namespace) -> int:
+    from gateway.tiering.evaluate import route_eval, table
+    from gateway.tiering.learned import ArtifactError, LearnedRouter
+    from gateway.tiering.rules import policy_fixed_tier
+    from gateway.tiering.train import LabelError, read_labels
+
+    try:
+        prompts = read_labels(args.labels)
+        router = LearnedRouter.load(args.artifact) if args.artifact else None
+        fixed_tier = policy_fixed_tier(load_policy(args.policy)) if args.policy else None
+    except (OSError, LabelError, ArtifactError, PolicyError) as exc:
+        print(f"gateway route-eval: {exc}", file=sys.stderr)
+        return 2
+    result = route_eval(
+        prompts,
+        router=router,
+        folds=args.folds,
+        fixed_tier=fixed_tier,
+        progress=lambda line: print(line, file=sys.stderr, flush=True),
+    )
+    result = {"labels": args.labels, "policy": args.policy, "artifact": args.artifact, **result}
+    return _print_report(result, args.json, table)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gateway", description="OpenAI-compatible agent gateway")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -235,6 +284,22 @@ def main(argv: list[str] | None = None) -> int:
     trim.add_argument("--limit", type=int, default=0, help="only the first N conversations")
     trim.add_argument("--json", action="store_true", help="one JSON object instead of a table")
     trim.set_defaults(run=_trim_eval)
+
+    train = sub.add_parser("route-train", help="train the learned tier router from labels")
+    train.add_argument("--labels", required=True, help="RouteLLM-style JSONL of labelled prompts")
+    train.add_argument("--out", required=True, help="artifact to write (.npz)")
+    train.add_argument("--seed", type=int, default=0, help="how groups are dealt to folds")
+    train.set_defaults(run=_route_train)
+
+    route = sub.add_parser("route-eval", help="small-tier share and quality of the router")
+    route.add_argument("--labels", required=True, help="RouteLLM-style JSONL of labelled prompts")
+    route.add_argument("--policy", help="apply this policy's tier rules before the router")
+    route.add_argument("--artifact", help="score this artifact as it is (labels it never saw)")
+    route.add_argument(
+        "--folds", type=int, default=0, help="held-out folds over groups (0: one per group)"
+    )
+    route.add_argument("--json", action="store_true", help="one JSON object instead of a table")
+    route.set_defaults(run=_route_eval)
 
     args = parser.parse_args(argv)
     result: int = args.run(args)

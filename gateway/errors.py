@@ -8,6 +8,7 @@
     +-- PayloadTooLarge                 413   invalid_request_error  code=request_too_large
     +-- UpstreamError                   502   upstream_error         (engine unreachable or 5xx)
     |   +-- UpstreamTimeout             504   upstream_error         code=upstream_timeout
+    |   +-- OutputCheckFailed           502   upstream_error         code=output_check_failed
     +-- UpstreamRejected              (4xx)   (engine's own)         engine refused the request
     +-- NoHealthyReplica                503   service_unavailable    Retry-After set
 
@@ -90,6 +91,12 @@ class UpstreamError(GatewayError):
 class UpstreamTimeout(UpstreamError):
     status = 504
     default_code = "upstream_timeout"
+
+
+class OutputCheckFailed(UpstreamError):
+    """The engines answered, but the answer failed the checks the request must pass."""
+
+    default_code = "output_check_failed"
 
 
 class NoHealthyReplica(GatewayError):

@@ -60,5 +60,26 @@ class GatewayMetrics:
             registry=self.registry,
         )
 
+        self.tier_decisions = Counter(
+            "gateway_tier_decisions",
+            "Requests by model alias, the tier that served them and what decided it "
+            "(explicit, rule, cascade, router, session, default, escalation).",
+            ["model", "tier", "by"],
+            registry=self.registry,
+        )
+        self.cascades = Counter(
+            "gateway_cascades",
+            "Checked answers by outcome: passed on the first tier, escalated (passed or "
+            "not on the next), or failed (returned as an error).",
+            ["model", "outcome"],
+            registry=self.registry,
+        )
+        self.output_check_failures = Counter(
+            "gateway_output_check_failures",
+            "Answers that failed a check, by tier and check.",
+            ["model", "tier", "check"],
+            registry=self.registry,
+        )
+
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -1,8 +1,7 @@
-"""The request path, top to bottom: parse, resolve the model, choose a replica, send,
-relay the answer. Each step is a call into the module that owns it.
-
-Later stages (canonicalise, hydrate, trim, choose tier, breaker and retries, checkpoint,
-record) slot in here, in that order.
+"""The request path, top to bottom: parse, resolve the model, continue the session,
+canonicalise, choose a tier and a replica, send, check the answer where it has checks
+(escalating once), relay it, checkpoint the turn. Each step is a call into the module
+that owns it.
 """
 
 from __future__ import annotations
@@ -16,11 +15,13 @@ from typing import Any
 from starlette.responses import Response
 
 from gateway.canonical import Canonicalizer, Fingerprint, fingerprint
-from gateway.conformance import conform_response
+from gateway.conformance import conform_event, conform_response
 from gateway.errors import (
     GatewayError,
     InvalidRequest,
     NoHealthyReplica,
+    OutputCheckFailed,
+    UpstreamError,
     UpstreamTimeout,
     upstream_error_from_body,
 )
@@ -28,7 +29,7 @@ from gateway.inbound import InboundRequest, parse_request
 from gateway.metrics import GatewayMetrics
 from gateway.policy import Endpoint, Policy
 from gateway.prefix_watch import FingerprintStore
-from gateway.relay import RelayResponse, StreamRelay
+from gateway.relay import RelayResponse, ReplayedStream, StreamRelay
 from gateway.replicas import Fleet, Pool, Replica
 from gateway.request_log import RequestLog
 from gateway.routing.blocks import conversation_key, request_blocks
@@ -36,9 +37,12 @@ from gateway.routing.costs import RouteRequest
 from gateway.routing.router import Decision, Router
 from gateway.sessions.checkpoints import Message
 from gateway.sessions.keys import SessionRef, session_for
-from gateway.sessions.replies import reply_from_completion
+from gateway.sessions.replies import ReplyCollector, reply_from_completion
 from gateway.sessions.store import StateUnavailable
 from gateway.sessions.turns import SessionTurns, Turn, context_mode
+from gateway.sse import SSEFramer
+from gateway.tiering.chooser import TierChoice, TierChooser, load_learned_router
+from gateway.tiering.memory import MemorySessionTiers
 from gateway.upstream import ConnectFailed, Upstream, UpstreamResponse
 
 # Called with the turn's reply and usage once it completed; returns the turn's number.
@@ -61,6 +65,7 @@ class RequestContext:
     session_id: str | None = None  # the X-Session-Id header
     context_mode: str | None = None  # the X-Context-Mode header
     session: SessionRef | None = None  # set by the caller (the Responses API), wins
+    task: str | None = None  # the X-Task header: a label tier rules can match
 
 
 @dataclass(frozen=True)
@@ -92,7 +97,15 @@ class Pipeline:
         metrics: GatewayMetrics,
         request_log: RequestLog | None = None,
         sessions: SessionTurns | None = None,
+        tiers: TierChooser | None = None,
     ) -> None:
+        self._tiers = tiers or TierChooser(
+            policy,
+            fleet,
+            memory=MemorySessionTiers(),
+            cached_share=router.cached_share,
+            load_scorer=load_learned_router,
+        )
         self._request_log = request_log
         self._sessions = sessions
         self._policy = policy
@@ -113,7 +126,7 @@ class Pipeline:
         self, endpoint: Endpoint, raw_body: bytes, context: RequestContext
     ) -> Response:
         request = parse_request(endpoint, raw_body)
-        pool = self._fleet.pool_for(request.model, endpoint)
+        self._tiers.check_model(request.model, endpoint)
         session = self._session_of(request, context)
         turn, request = await self._hydrate(request, session, context)
         request, hide_usage = _with_usage_for_checkpoint(request, turn)
@@ -122,20 +135,109 @@ class Pipeline:
         route = self._route_request(
             request, session.id if session else context.session_id, tools_json
         )
-        dispatch = await self._dispatch(pool, request, route, context)
-        self._record_route(pool, dispatch.decision)
-        if self._request_log is not None:
-            self._request_log.write(request.model, route, dispatch.decision)
-        headers = dispatch.headers()
-        if prefix_changes:
-            headers["X-Gateway-Prefix-Change"] = ",".join(prefix_changes)
+        choice = await self._tiers.choose(
+            request.model, endpoint, request.body, route, task=context.task
+        )
+        if choice.checks is not None:
+            return await self._checked(request, route, context, choice, turn, hide_usage)
+        dispatch = await self._dispatch(choice.pool, request, route, context)
+        headers = self._dispatched(request, route, choice, dispatch, prefix_changes)
         checkpoint = None
         if turn is not None:
             headers["X-Gateway-Session"] = turn.session.id
-            checkpoint = self._checkpointer(turn, request, pool, dispatch, context)
+            checkpoint = self._checkpointer(turn, request, choice, dispatch, context)
         if request.stream:
             return self._relay_stream(request, dispatch, headers, checkpoint, hide_usage)
         return await self._relay_whole(dispatch, headers, checkpoint)
+
+    async def _checked(
+        self,
+        request: InboundRequest,
+        route: RouteRequest,
+        context: RequestContext,
+        choice: TierChoice,
+        turn: Turn | None,
+        hide_usage: bool,
+    ) -> Response:
+        """An answer with checks is read whole and checked before the client sees it; one
+        that fails moves up a tier once, and a failure with nowhere to go is an error."""
+        checks = choice.checks
+        assert checks is not None
+        constrain = self._tiers.structured_outputs(request.model)
+        escalated = False
+        while True:
+            engine_can = constrain and choice.pool.spec.structured_outputs
+            sent = request.with_body(checks.constrain(request.body, engine_can))
+            dispatch = await self._dispatch(choice.pool, sent, route, context)
+            headers = self._dispatched(request, route, choice, dispatch, [])
+            answer = await self._read_answer(sent, dispatch, hide_usage)
+            problems = checks.problems(answer.reply)
+            if not problems:
+                outcome = "escalated" if escalated else "passed"
+                self._metrics.cascades.labels(request.model, outcome).inc()
+                break
+            for check, _ in problems:
+                self._metrics.output_check_failures.labels(request.model, choice.tier, check).inc()
+            failed = f"{problems[0][0]}: {problems[0][1]}"
+            if choice.escalate_to is None:
+                self._metrics.cascades.labels(request.model, "failed").inc()
+                raise OutputCheckFailed(
+                    f"The answer of tier `{choice.tier}` failed its checks: {failed}",
+                    headers=choice.header_values(),
+                )
+            choice = self._tiers.escalated(request.model, choice, problems[0][0])
+            escalated = True
+        if turn is not None:
+            headers["X-Gateway-Session"] = turn.session.id
+            commit = self._checkpointer(turn, request, choice, dispatch, context)
+            turn_number = await commit(answer.reply, answer.usage)
+            headers["X-Gateway-Session-Turn"] = str(turn_number) if turn_number else "unsaved"
+        if answer.events is not None:
+            return ReplayedStream(answer.events, headers)
+        return Response(answer.payload, media_type=answer.media_type, headers=headers)
+
+    def _dispatched(
+        self,
+        request: InboundRequest,
+        route: RouteRequest,
+        choice: TierChoice,
+        dispatch: _Dispatch,
+        prefix_changes: list[str],
+    ) -> dict[str, str]:
+        """Records the decisions; returns the headers that report them."""
+        self._record_route(choice.pool, dispatch.decision)
+        self._metrics.tier_decisions.labels(request.model, choice.tier, choice.by).inc()
+        if self._request_log is not None:
+            self._request_log.write(request.model, route, dispatch.decision)
+        headers = {**dispatch.headers(), **choice.header_values()}
+        if prefix_changes:
+            headers["X-Gateway-Prefix-Change"] = ",".join(prefix_changes)
+        return headers
+
+    async def _read_answer(
+        self, request: InboundRequest, dispatch: _Dispatch, hide_usage: bool
+    ) -> Answer:
+        """The whole answer, streamed or not, and the reply it holds."""
+        replica, response = dispatch.replica, dispatch.response
+        try:
+            async with asyncio.timeout_at(dispatch.deadline):
+                if not request.stream:
+                    payload = conform_response(await response.read())
+                    reply, usage = reply_from_completion(payload)
+                    return Answer(reply, usage, payload, response.content_type)
+                conform = bool(request.body.get("logprobs"))
+                idle_s = self._policy.timeouts.idle_s
+                return await _read_stream(response, hide_usage, conform, idle_s)
+        except TimeoutError:
+            response.abort()
+            raise UpstreamTimeout(
+                "The engine did not finish within the request deadline."
+            ) from None
+        except UpstreamError:
+            response.abort()
+            raise
+        finally:
+            replica.inflight -= 1
 
     def _session_of(self, request: InboundRequest, context: RequestContext) -> SessionRef | None:
         if context.session is not None:
@@ -181,7 +283,7 @@ class Pipeline:
         self,
         turn: Turn,
         request: InboundRequest,
-        pool: Pool,
+        choice: TierChoice,
         dispatch: _Dispatch,
         context: RequestContext,
     ) -> Checkpointer:
@@ -189,8 +291,10 @@ class Pipeline:
         sessions = self._sessions
         assert sessions is not None
         decision = dispatch.decision
-        engine_body = {**request.body, "model": pool.spec.served_model}
+        engine_body = {**request.body, "model": choice.pool.spec.served_model}
         route = {
+            "tier": choice.tier,
+            "tier_reason": choice.reason,
             "replica": decision.replica.id,
             "reason": decision.reason,
             "cached_blocks": decision.cached_blocks,
@@ -355,6 +459,39 @@ class Pipeline:
             hide_usage=hide_usage,
         )
         return RelayResponse(relay, headers)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """An answer read whole: the reply it holds, and what the client gets: the body of a
+    completion, or the events of a stream."""
+
+    reply: Message | None
+    usage: dict[str, Any] | None
+    payload: bytes = b""
+    media_type: str = "application/json"
+    events: list[bytes] | None = None
+
+
+async def _read_stream(
+    response: UpstreamResponse, hide_usage: bool, conform: bool, idle_s: float
+) -> Answer:
+    framer, collector, events = SSEFramer(), ReplyCollector(), []
+    while True:
+        try:
+            async with asyncio.timeout(idle_s):
+                chunk = await response.next_chunk()
+        except TimeoutError:
+            raise UpstreamTimeout("The engine stopped sending mid-stream.") from None
+        if not chunk:
+            break
+        for event in framer.feed(chunk):
+            if collector.feed(event) and hide_usage:
+                continue
+            events.append(conform_event(event) if conform else event)
+    events.append(framer.flush())
+    response.release()
+    return Answer(collector.message(), collector.usage, events=events)
 
 
 def _with_usage_for_checkpoint(

@@ -28,7 +28,7 @@ from gateway.upstream import UpstreamResponse
 
 log = logging.getLogger(__name__)
 
-_STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 class StreamRelay:
@@ -103,7 +103,7 @@ class RelayResponse(StreamingResponse):
 
     def __init__(self, relay: StreamRelay, headers: dict[str, str]) -> None:
         super().__init__(
-            relay.events(), media_type="text/event-stream", headers={**_STREAM_HEADERS, **headers}
+            relay.events(), media_type="text/event-stream", headers={**STREAM_HEADERS, **headers}
         )
         self.relay = relay
 
@@ -112,6 +112,21 @@ class RelayResponse(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             self.relay.close()
+
+
+class ReplayedStream(StreamingResponse):
+    """A stream read whole before it is passed on (its answer had to be checked first),
+    sent event by event as the engine produced it."""
+
+    def __init__(self, events: list[bytes], headers: dict[str, str]) -> None:
+        super().__init__(
+            _replay(events), media_type="text/event-stream", headers={**STREAM_HEADERS, **headers}
+        )
+
+
+async def _replay(events: list[bytes]) -> AsyncIterator[bytes]:
+    for event in events:
+        yield event
 
 
 def stream_error(error: GatewayError) -> bytes:

@@ -121,7 +121,10 @@ class Fleet:
 
     def __init__(self, policy: Policy) -> None:
         self.pools = {name: Pool(name, spec) for name, spec in policy.pools.items()}
-        self.models = {alias: self.pools[m.pool] for alias, m in policy.models.items()}
+        # Fixed aliases; a routable alias (`tiering`) is resolved per request by the tiers.
+        self.models = {
+            alias: self.pools[m.pool] for alias, m in policy.models.items() if m.pool is not None
+        }
         self.descriptions = {alias: m.description for alias, m in policy.models.items()}
         self.refresh()
 
@@ -133,7 +136,7 @@ class Fleet:
         pool = self.models.get(alias)
         if pool is None or not pool.serves(endpoint):
             detail = "does not exist" if pool is None else f"does not serve /v1/{_path(endpoint)}"
-            available = ", ".join(sorted(self.models))
+            available = ", ".join(sorted(self.descriptions))
             raise ModelNotFound(
                 f"The model `{alias}` {detail}. Available models: {available}.",
                 param="model",

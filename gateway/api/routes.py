@@ -37,6 +37,7 @@ def build_api_router(
             request_id=request.state.request_id,
             session_id=request.headers.get("x-session-id") or None,
             context_mode=request.headers.get("x-context-mode"),
+            task=request.headers.get("x-task") or None,
         )
         return await pipeline.handle(endpoint, body, context)
 
@@ -57,11 +58,13 @@ def build_api_router(
 
     @router.get("/v1/models")
     async def list_models() -> Response:
-        return _json({"object": "list", "data": [model_card(a) for a in sorted(fleet.models)]})
+        return _json(
+            {"object": "list", "data": [model_card(a) for a in sorted(fleet.descriptions)]}
+        )
 
     @router.get("/v1/models/{alias:path}")
     async def retrieve_model(alias: str) -> Response:
-        if alias not in fleet.models:
+        if alias not in fleet.descriptions:
             raise ModelNotFound(f"The model `{alias}` does not exist.", param="model")
         return _json(model_card(alias))
 

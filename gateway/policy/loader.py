@@ -109,12 +109,27 @@ def _reference_problems(data: dict[str, Any], lines: _LineIndex) -> list[PolicyP
     models: dict[Any, Any] = raw_models if isinstance(raw_models, dict) else {}
     defined = ", ".join(sorted(str(name) for name in pools)) or "(no pools defined)"
     loc: tuple[str, ...]
+    raw_tiering = data.get("tiering")
+    tiering: dict[Any, Any] = raw_tiering if isinstance(raw_tiering, dict) else {}
     for alias, model in models.items():
         pool = model.get("pool") if isinstance(model, dict) else None
         if isinstance(pool, str) and pool not in pools:
             loc = ("models", str(alias), "pool")
             message = f"pool {pool!r} is not defined (expected one of: {defined})"
             problems.append(PolicyProblem(_dotted(loc), message, lines.of(loc)))
+        route = model.get("tiering") if isinstance(model, dict) else None
+        if isinstance(route, str) and route not in tiering:
+            loc = ("models", str(alias), "tiering")
+            known = ", ".join(sorted(str(name) for name in tiering)) or "(no tiering defined)"
+            message = f"tiering {route!r} is not defined (expected one of: {known})"
+            problems.append(PolicyProblem(_dotted(loc), message, lines.of(loc)))
+    for route_name, route in tiering.items():
+        tiers = route.get("tiers") if isinstance(route, dict) else None
+        for tier, pool in (tiers or {}).items() if isinstance(tiers, dict) else ():
+            if isinstance(pool, str) and pool not in pools:
+                loc = ("tiering", str(route_name), "tiers", str(tier))
+                message = f"pool {pool!r} is not defined (expected one of: {defined})"
+                problems.append(PolicyProblem(_dotted(loc), message, lines.of(loc)))
     for name, pool in pools.items():
         if isinstance(pool, dict) and not pool.get("replicas") and not pool.get("engine_state"):
             loc = ("pools", str(name))
@@ -139,7 +154,22 @@ def _resolve_paths(policy: Policy, base_dir: Path) -> Policy:
     routing = policy.routing
     if routing.request_log:
         routing = routing.model_copy(update={"request_log": resolve(routing.request_log)})
-    return policy.model_copy(update={"pools": pools, "state": state, "routing": routing})
+    tiering = {
+        name: spec.model_copy(
+            update={"learned": spec.learned.model_copy(update={"artifact": resolve(artifact)})}
+        )
+        if spec.learned is not None and (artifact := spec.learned.artifact)
+        else spec
+        for name, spec in policy.tiering.items()
+    }
+    return policy.model_copy(
+        update={
+            "pools": pools,
+            "state": state,
+            "routing": routing,
+            "tiering": tiering,
+        }
+    )
 
 
 class _EnvMissing(Exception):

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from gateway.replicas import Replica
 from gateway.routing.costs import RouteRequest
 from gateway.routing.index import PrefixIndex
-from gateway.routing.router import Decision, available
+from gateway.routing.router import Decision, available, best_cached_share
 
 
 class SGLangStyleRouter:
@@ -55,6 +55,9 @@ class SGLangStyleRouter:
             return Decision(healthy[best], "prefix", matches[best], len(request.blocks))
         chosen = min(healthy, key=lambda r: len(self._held.get(r.id, ())))
         return Decision(chosen, "smallest-cache", 0, len(request.blocks))
+
+    def cached_share(self, replicas: Sequence[Replica], request: RouteRequest) -> float:
+        return best_cached_share(self._index, replicas, request)
 
     def dispatched(self, decision: Decision, request: RouteRequest) -> None:
         replica = decision.replica.id

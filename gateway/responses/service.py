@@ -17,13 +17,12 @@ import uuid
 from typing import Any
 
 import orjson
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 
 from gateway.errors import InvalidRequest, NotFound
 from gateway.inbound import json_object
 from gateway.pipeline import Pipeline, RequestContext
 from gateway.policy import Endpoint
-from gateway.relay import RelayResponse
 from gateway.responses.convert import (
     chat_body,
     input_messages,
@@ -76,7 +75,7 @@ class ResponsesService:
             if store:
                 await self._records.put(response_id, {**record_base, "response": response})
 
-        if isinstance(reply, RelayResponse):
+        if isinstance(reply, StreamingResponse):  # relayed, or replayed after checks
             events = ResponseEvents(response_id, request, created_at, keep)
             reply.body_iterator = events.convert(reply.body_iterator)  # type: ignore[arg-type]
             return reply

@@ -71,10 +71,24 @@ class Router(Protocol):
 
     def dispatched(self, decision: Decision, request: RouteRequest) -> None: ...
 
+    def cached_share(self, replicas: Sequence[Replica], request: RouteRequest) -> float:
+        """The share of the request's prefix blocks the best of these replicas holds."""
+        ...
+
 
 def available(replicas: Sequence[Replica], exclude: frozenset[Replica]) -> list[Replica]:
     """The first filter of every router: healthy, and not already tried for this request."""
     return [r for r in replicas if r.healthy and r not in exclude]
+
+
+def best_cached_share(
+    index: PrefixIndex, replicas: Sequence[Replica], request: RouteRequest
+) -> float:
+    """The share of the request's prefix blocks the best healthy replica holds."""
+    healthy = available(replicas, frozenset())
+    if not request.blocks or not healthy:
+        return 0.0
+    return max(index.match(r.id, request.blocks) for r in healthy) / len(request.blocks)
 
 
 def rendezvous(key: str, replicas: Sequence[Replica]) -> Replica:
@@ -163,6 +177,9 @@ class CacheAwareRouter:
             if len(self._sessions) > self._settings.session_memory:
                 self._sessions.popitem(last=False)
 
+    def cached_share(self, replicas: Sequence[Replica], request: RouteRequest) -> float:
+        return best_cached_share(self._index, replicas, request)
+
     def _candidates(self, replicas: Sequence[Replica], request: RouteRequest) -> list[Candidate]:
         ids = [r.id for r in replicas]
         home: str | None = None
@@ -219,3 +236,6 @@ class RoundRobinRouter:
 
     def dispatched(self, decision: Decision, request: RouteRequest) -> None:
         pass
+
+    def cached_share(self, replicas: Sequence[Replica], request: RouteRequest) -> float:
+        return 0.0  # keeps no record of what replicas hold

@@ -196,3 +196,53 @@ def test_policy_check_command_exit_codes(
     assert "ok (1 models, 1 pools)" in capsys.readouterr().out
     assert gateway_main(["policy", "check", str(good), str(bad)]) == 1
     assert "models.tiny.pool" in capsys.readouterr().err
+
+
+TIERED = (
+    VALID
+    + """\
+  auto:
+    tiering: default
+tiering:
+  default:
+    tiers: {small: chat, large: chat}
+    rules:
+      - {name: cheap, when: {task: [classify]}, then: small}
+"""
+)
+
+
+def test_a_tiered_policy_loads() -> None:
+    policy = parse_policy(TIERED)
+    spec = policy.tiering["default"]
+    assert (spec.lowest, spec.highest) == ("small", "large")
+    assert policy.models["auto"].pool is None
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (
+            ("tiering: default", "tiering: nope"),
+            "models.auto.tiering: tiering 'nope' is not defined",
+        ),
+        (
+            ("{small: chat,", "{small: chatt,"),
+            "tiering.default.tiers.small: pool 'chatt' is not defined",
+        ),
+        (("then: small", "then: medium"), "rule 'cheap' sends to unknown tier 'medium'"),
+        (("when: {task: [classify]}", "when: {}"), "a rule needs at least one matcher"),
+        (("when: {task: [classify]}", "when: {last_user_matches: '('}"), "not a valid regex"),
+        (
+            ("    tiering: default\n", "    tiering: default\n    pool: chat\n"),
+            "give exactly one of `pool`",
+        ),
+        (("rules:", "guardrails: {regex: '['}\n    rules:"), "regex is not valid"),
+        (("rules:", "learned: {threshold: 1.5}\n    rules:"), "less than or equal to 1"),
+    ],
+)
+def test_tiering_mistakes_are_rejected(
+    tmp_path: Path, change: tuple[str, str], expected: str
+) -> None:
+    assert change[0] in TIERED
+    assert expected in reject(TIERED.replace(*change), tmp_path)

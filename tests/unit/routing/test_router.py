@@ -149,3 +149,15 @@ def test_round_robin_baseline_rotates_over_healthy_replicas() -> None:
     rr = RoundRobinRouter()
     chosen = [rr.choose([a, b, c], RouteRequest(())) for _ in range(4)]
     assert [d.replica for d in chosen if d] == [a, c, a, c]
+
+
+def test_cached_share_is_what_the_best_healthy_replica_holds() -> None:
+    pool = replicas(2)
+    r = router()
+    holder = send(r, pool, RouteRequest(tuple(range(8))))
+    assert r.cached_share(pool, RouteRequest((*range(6), 50, 51))) == 6 / 8
+    assert r.cached_share(pool, RouteRequest((99,))) == 0.0
+    assert r.cached_share(pool, RouteRequest(())) == 0.0
+    holder.healthy = False
+    assert r.cached_share(pool, RouteRequest(tuple(range(8)))) == 0.0
+    assert RoundRobinRouter().cached_share(pool, RouteRequest((1,))) == 0.0

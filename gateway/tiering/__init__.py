@@ -1,0 +1,1 @@
+"""Tiered routing: rules, the learned router, checks and the cascade (README, "Tiered routing")."""

@@ -1,0 +1,215 @@
+"""Choosing the tier of a request to a routable model alias, explainably.
+
+In order: a policy rule; else, for a verifiable request (checks it must pass), the lowest
+tier first with a cascade behind it; else the learned router's score against the policy
+threshold, held back by the session's current tier (a margin, widened by how much of the
+prompt that tier's replicas already cache); else the default tier. Every choice carries
+the reason the response reports in `X-Gateway-Route-Reason`.
+
+Only the learned router's (and the default's) choices move a session: a rule or cascade
+sends one call elsewhere (a classification inside a planning session) without dragging
+the conversation, and its cached prefix, along.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from gateway.errors import ModelNotFound
+from gateway.policy import Endpoint, Policy
+from gateway.policy.schema import TieringSpec
+from gateway.replicas import Fleet, Pool, Replica
+from gateway.routing.costs import RouteRequest
+from gateway.tiering.checks import OutputChecks, checks_for
+from gateway.tiering.memory import SessionTiers
+from gateway.tiering.rules import Rules, facts_of
+
+
+class Scorer(Protocol):
+    def score(self, text: str) -> float:
+        """Probability-like: higher when the lowest tier is good enough."""
+        ...
+
+
+def load_learned_router(artifact: str | None) -> Scorer:
+    """The learned router from an artifact file, or the shipped one (None)."""
+    from gateway.tiering.learned import LearnedRouter  # only policies that use it load it
+
+    return LearnedRouter.load(artifact)
+
+
+# The share of a request's prefix blocks the best of these replicas already holds.
+CachedShare = Callable[[Sequence[Replica], RouteRequest], float]
+
+
+@dataclass(frozen=True)
+class TierChoice:
+    pool: Pool
+    tier: str
+    reason: str
+    by: str  # explicit | rule | cascade | router | session | default | escalation
+    checks: OutputChecks | None = None
+    escalate_to: str | None = None  # the tier a failed check moves to, if any
+
+    def header_values(self) -> dict[str, str]:
+        return {"X-Gateway-Tier": self.tier, "X-Gateway-Route-Reason": self.reason}
+
+
+class _Route:
+    """One `tiering` entry, built into runtime objects once."""
+
+    def __init__(self, name: str, spec: TieringSpec, fleet: Fleet, scorer: Scorer | None) -> None:
+        self.name = name
+        self.spec = spec
+        self.pools = {tier: fleet.pools[pool] for tier, pool in spec.tiers.items()}
+        self.rules = Rules(spec.rules)
+        self.scorer = scorer if spec.learned is not None and spec.learned.enabled else None
+
+
+class TierChooser:
+    def __init__(
+        self,
+        policy: Policy,
+        fleet: Fleet,
+        *,
+        memory: SessionTiers,
+        cached_share: CachedShare,
+        load_scorer: Callable[[str | None], Scorer],
+    ) -> None:
+        self._fleet = fleet
+        self._memory = memory
+        self._cached_share = cached_share
+        scorers: dict[str | None, Scorer] = {}
+
+        def scorer_for(spec: TieringSpec) -> Scorer | None:
+            if spec.learned is None or not spec.learned.enabled:
+                return None
+            artifact = spec.learned.artifact
+            if artifact not in scorers:  # one artifact loaded once, however many routes
+                scorers[artifact] = load_scorer(artifact)
+            return scorers[artifact]
+
+        routes = {
+            name: _Route(name, spec, fleet, scorer_for(spec))
+            for name, spec in policy.tiering.items()
+        }
+        self._routes = {
+            alias: routes[model.tiering]
+            for alias, model in policy.models.items()
+            if model.tiering is not None
+        }
+
+    def check_model(self, alias: str, endpoint: Endpoint) -> None:
+        """Fail fast, before any state is touched, on a model that cannot serve this."""
+        route = self._routes.get(alias)
+        if route is None:
+            self._fleet.pool_for(alias, endpoint)
+        else:
+            self._check_serves(alias, route, endpoint)
+
+    async def choose(
+        self,
+        alias: str,
+        endpoint: Endpoint,
+        body: dict[str, Any],
+        route_request: RouteRequest,
+        *,
+        task: str | None = None,
+    ) -> TierChoice:
+        route = self._routes.get(alias)
+        if route is None:
+            pool = self._fleet.pool_for(alias, endpoint)
+            return TierChoice(pool, pool.spec.tier, "explicit model", "explicit")
+        spec = route.spec
+        checks = checks_for(spec.guardrails, body) if endpoint is Endpoint.chat else None
+        tier, reason, by = await self._tier(route, body, route_request, task, checks)
+        cascade = spec.cascade
+        escalate_to = None
+        if checks is not None and cascade.on_fail == "escalate" and tier != spec.highest:
+            escalate_to = spec.highest
+        return TierChoice(
+            route.pools[tier],
+            tier,
+            reason,
+            by,
+            checks=checks,
+            escalate_to=escalate_to,
+        )
+
+    def escalated(self, alias: str, choice: TierChoice, failed: str) -> TierChoice:
+        """The same request on the tier a failed check moves it to."""
+        route = self._routes[alias]
+        assert choice.escalate_to is not None
+        tier = choice.escalate_to
+        reason = f"cascade: {choice.tier} failed {failed}, escalated to {tier}"
+        return TierChoice(route.pools[tier], tier, reason, "escalation", checks=choice.checks)
+
+    def structured_outputs(self, alias: str) -> bool:
+        route = self._routes.get(alias)
+        return route is not None and route.spec.cascade.structured_outputs
+
+    async def _tier(
+        self,
+        route: _Route,
+        body: dict[str, Any],
+        route_request: RouteRequest,
+        task: str | None,
+        checks: OutputChecks | None,
+    ) -> tuple[str, str, str]:
+        spec = route.spec
+        facts = facts_of(body, task_header=task, small_object_fields=spec.small_object_fields)
+        rule = route.rules.first_match(facts)
+        if rule is not None:
+            return rule.tier, f"rule:{rule.name}", "rule"
+        if checks is not None and spec.cascade.enabled and len(spec.tiers) > 1:
+            return spec.lowest, f"cascade: verifiable ({', '.join(checks.names)})", "cascade"
+        session = route_request.session
+        if route.scorer is None or spec.learned is None:
+            tier = spec.default_tier or spec.highest
+            if session is not None:
+                await self._memory.put(self._key(route, session), tier, spec.stickiness.ttl_s)
+            return tier, "default tier", "default"
+        threshold = spec.learned.threshold
+        score = route.scorer.score(facts.last_user)
+        wanted = spec.lowest if score >= threshold else spec.highest
+        sign = ">=" if score >= threshold else "<"
+        reason = f"router: score {score:.3f} {sign} threshold {threshold:.3f}"
+        if session is None:
+            return wanted, reason, "router"
+        key, ttl_s = self._key(route, session), spec.stickiness.ttl_s
+        current = await self._memory.get(key)
+        if current is not None and current != wanted and current in route.pools:
+            margin = self._switch_margin(route, current, route_request)
+            needed = threshold + margin if wanted == spec.lowest else threshold - margin
+            leaves = score >= needed if wanted == spec.lowest else score < needed
+            if not leaves:
+                sign = ">=" if wanted == spec.lowest else "<"
+                reason = (
+                    f"session: stays on {current} (score {score:.3f}; moving to {wanted} "
+                    f"needs {sign} {needed:.3f})"
+                )
+                await self._memory.put(key, current, ttl_s)  # refreshes its time to live
+                return current, reason, "session"
+        await self._memory.put(key, wanted, ttl_s)
+        return wanted, reason, "router"
+
+    def _switch_margin(self, route: _Route, current: str, route_request: RouteRequest) -> float:
+        stickiness = route.spec.stickiness
+        share = 0.0
+        if stickiness.cache_weight and route_request.blocks:
+            share = self._cached_share(route.pools[current].replicas, route_request)
+        return stickiness.margin + stickiness.cache_weight * share
+
+    @staticmethod
+    def _key(route: _Route, session: str) -> str:
+        return f"{route.name}:{session}"
+
+    def _check_serves(self, alias: str, route: _Route, endpoint: Endpoint) -> None:
+        if not all(pool.serves(endpoint) for pool in route.pools.values()):
+            raise ModelNotFound(
+                f"The model `{alias}` does not serve this endpoint: its tiers' pools "
+                f"({', '.join(p.name for p in route.pools.values())}) do not.",
+                param="model",
+            )

@@ -1,0 +1,397 @@
+"""Training the learned tier router from labelled prompts (`gateway route-train`), in numpy.
+
+Labels are RouteLLM-style JSONL, one prompt a line: `source`, optional `subject`, `prompt`,
+and whether each tier answered it right (`small_correct`/`large_correct`, booleans) or how
+well (`small_score`/`large_score`, floats in [0, 1]).
+
+The model is a logistic regression on the hashed and numeric features of
+`gateway.tiering.features`, with L2 penalties. Its target is the small tier's advantage,
+`(small - large + 1) / 2`: ranking prompts by its expectation is what keeps the most
+quality per prompt sent to the small tier, and a prompt both tiers fail counts as free to
+send small, as it is.
+
+Each group (MMLU subject, or the source when there is none) gets its own intercept while
+training, dropped afterwards. Groups differ in ways no prompt text explains (one subject's
+grading may fail the large tier throughout), and without those intercepts the weights learn
+"sounds like that subject" instead of what makes a prompt hard within any subject, which
+is what carries to prompts from elsewhere.
+
+The logit is shifted so that a score of 0.5 is the point where, on out-of-group scores of
+the training data, routing keeps 95% of the large tier's quality: the policy's default
+threshold then means something.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from gateway.tiering.features import FEATURES_VERSION, NUMERIC_NAMES, extract
+from gateway.tiering.learned import LearnedRouter
+
+Vector = npt.NDArray[np.float64]
+Indices = npt.NDArray[np.int64]
+Progress = Callable[[str], None]
+
+QUALITY_KEPT = 0.95
+NUMERIC_CLIP = 5.0  # standard deviations: an unusual prompt cannot swing the score alone
+
+
+class LabelError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class LabeledPrompt:
+    source: str
+    group: str  # MMLU subject, else the source: the unit held out together
+    prompt: str
+    small_ok: float  # 1.0 right, 0.0 wrong, or a score in between
+    large_ok: float
+
+    @property
+    def small_advantage(self) -> float:
+        """The training target in [0, 1]: 1 small right and large wrong, 0.5 a tie."""
+        return (self.small_ok - self.large_ok + 1.0) / 2.0
+
+
+def read_labels(path: str | Path) -> list[LabeledPrompt]:
+    prompts = []
+    with open(path, encoding="utf-8") as lines:
+        for number, line in enumerate(lines, 1):
+            if line.strip():
+                try:
+                    prompts.append(_labeled(json.loads(line)))
+                except (json.JSONDecodeError, LabelError, TypeError) as exc:
+                    raise LabelError(f"{path}:{number}: {exc}") from exc
+    if not prompts:
+        raise LabelError(f"{path}: no labelled prompts")
+    return prompts
+
+
+def _labeled(record: Any) -> LabeledPrompt:
+    if not isinstance(record, dict):
+        raise LabelError("not a JSON object")
+    source, prompt = record.get("source"), record.get("prompt")
+    if not isinstance(source, str) or not isinstance(prompt, str):
+        raise LabelError("needs string `source` and `prompt`")
+    subject = record.get("subject")
+    return LabeledPrompt(
+        source=source,
+        group=subject if isinstance(subject, str) and subject else source,
+        prompt=prompt,
+        small_ok=_outcome(record, "small"),
+        large_ok=_outcome(record, "large"),
+    )
+
+
+def _outcome(record: dict[str, Any], tier: str) -> float:
+    score = record.get(f"{tier}_score")
+    if isinstance(score, int | float) and not isinstance(score, bool) and 0 <= score <= 1:
+        return float(score)
+    correct = record.get(f"{tier}_correct")
+    if isinstance(correct, bool):
+        return float(correct)
+    raise LabelError(f"needs `{tier}_correct` (boolean) or `{tier}_score` (0..1)")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    hash_bits: int = 18
+    l2_hashed: float = 1e-3
+    l2_numeric: float = 1e-3
+    l2_group: float = 1e-4  # the per-group intercepts: nearly free to fit the group's mean
+    iterations: int = 300
+    calibration_folds: int = 5
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Design:
+    """The training matrix: hashed features as (row, slot, value) entries, numeric features
+    dense and as extracted (each fit standardises them on its own rows)."""
+
+    row_of: Indices  # row of each stored entry
+    slots: Indices
+    values: Vector
+    numeric: Vector  # (rows, len(NUMERIC_NAMES))
+    hashed_dim: int
+
+    @classmethod
+    def of(cls, prompts: Sequence[str], bits: int) -> Design:
+        features = [extract(p, bits) for p in prompts]
+        return cls(
+            row_of=np.repeat(np.arange(len(features)), [len(f.slots) for f in features]),
+            slots=np.concatenate([f.slots for f in features]),
+            values=np.concatenate([f.values for f in features]),
+            numeric=np.array([f.numeric for f in features], dtype=np.float64).reshape(
+                len(features), len(NUMERIC_NAMES)
+            ),
+            hashed_dim=1 << bits,
+        )
+
+    @property
+    def rows(self) -> int:
+        return int(self.numeric.shape[0])
+
+    def take(self, rows: Indices) -> Design:
+        keep = np.isin(self.row_of, rows)
+        renumber = np.full(self.rows, -1, dtype=np.int64)
+        renumber[rows] = np.arange(len(rows))
+        return Design(
+            renumber[self.row_of[keep]],
+            self.slots[keep],
+            self.values[keep],
+            self.numeric[rows],
+            self.hashed_dim,
+        )
+
+    def hashed_dot(self, weights: Vector) -> Vector:
+        products = self.values * weights[self.slots]
+        return np.asarray(np.bincount(self.row_of, products, self.rows), dtype=np.float64)
+
+    def hashed_gradient(self, residual: Vector) -> Vector:
+        products = self.values * residual[self.row_of]
+        return np.asarray(np.bincount(self.slots, products, self.hashed_dim), dtype=np.float64)
+
+
+@dataclass(frozen=True)
+class Fitted:
+    hashed: Vector
+    numeric_mean: Vector
+    numeric_scale: Vector
+    numeric: Vector
+    bias: float
+
+    def logits(self, design: Design) -> Vector:
+        z = _standardised(design.numeric, self.numeric_mean, self.numeric_scale)
+        return design.hashed_dot(self.hashed) + z @ self.numeric + self.bias
+
+
+def fit(design: Design, targets: Vector, groups: Sequence[str], config: TrainConfig) -> Fitted:
+    """L2-penalised logistic regression with per-group intercepts, by L-BFGS."""
+    mean = design.numeric.mean(axis=0)
+    scale = design.numeric.std(axis=0)
+    scale[scale < 1e-9] = 1.0  # constant in training: weight stays 0, value ignored
+    numeric = _standardised(design.numeric, mean, scale)
+    names = {name: i for i, name in enumerate(sorted(set(groups)))}
+    group = np.array([names[g] for g in groups], dtype=np.int64)
+    # Only slots some prompt uses can get a weight (the rest stay 0 under L2): optimise
+    # over those, numbered densely, and put them back in place at the end.
+    used, dense_slots = np.unique(design.slots, return_inverse=True)
+    compact = Design(design.row_of, dense_slots, design.values, design.numeric, len(used))
+    n_hashed, n_numeric, n_groups = len(used), numeric.shape[1], len(names)
+    weight = 1.0 / design.rows
+
+    def objective(p: Vector) -> tuple[float, Vector]:
+        w_hashed = p[:n_hashed]
+        w_numeric = p[n_hashed : n_hashed + n_numeric]
+        w_group = p[n_hashed + n_numeric : -1]
+        logits = compact.hashed_dot(w_hashed) + numeric @ w_numeric + w_group[group] + p[-1]
+        loss = weight * float(np.sum(np.logaddexp(0.0, logits) - targets * logits))
+        residual = weight * (_sigmoid(logits) - targets)
+        penalty = 0.5 * (
+            config.l2_hashed * float(w_hashed @ w_hashed)
+            + config.l2_numeric * float(w_numeric @ w_numeric)
+            + config.l2_group * float(w_group @ w_group)
+        )
+        gradient = np.concatenate(
+            [
+                compact.hashed_gradient(residual) + config.l2_hashed * w_hashed,
+                numeric.T @ residual + config.l2_numeric * w_numeric,
+                np.bincount(group, weights=residual, minlength=n_groups)
+                + config.l2_group * w_group,
+                [residual.sum()],
+            ]
+        )
+        return loss + penalty, gradient
+
+    p = _lbfgs(objective, np.zeros(n_hashed + n_numeric + n_groups + 1), config.iterations)
+    hashed = np.zeros(design.hashed_dim)
+    hashed[used] = p[:n_hashed]
+    # The group intercepts are dropped; their mean joins the bias, so a prompt from a group
+    # never seen scores like one from an average group.
+    bias = float(p[-1] + p[n_hashed + n_numeric : -1].mean())
+    return Fitted(hashed, mean, scale, p[n_hashed : n_hashed + n_numeric], bias)
+
+
+def grouped_folds(
+    groups: Sequence[str], folds: int = 0, seed: int = 0
+) -> list[tuple[Indices, Indices]]:
+    """(train rows, held-out rows) per fold; a group is never on both sides. `folds` 0 (or
+    at least the number of groups) holds each group out once; else groups are dealt to
+    the fold with the fewest rows so far, largest first (seed 0) or in a seeded order."""
+    sizes_of = {name: sum(g == name for g in groups) for name in sorted(set(groups))}
+    names = sorted(sizes_of, key=lambda name: -sizes_of[name])
+    if seed:
+        names = [names[i] for i in np.random.default_rng(seed).permutation(len(names))]
+    count = len(names) if folds <= 0 or folds >= len(names) else folds
+    rows_in = [0] * count
+    fold_of: dict[str, int] = {}
+    for name in names:
+        fold_of[name] = rows_in.index(min(rows_in))
+        rows_in[fold_of[name]] += sizes_of[name]
+    assigned = np.array([fold_of[g] for g in groups])
+    rows = np.arange(len(groups))
+    return [(rows[assigned != k], rows[assigned == k]) for k in range(count)]
+
+
+def held_out_logits(
+    prompts: Sequence[LabeledPrompt],
+    design: Design,
+    config: TrainConfig,
+    folds: int = 0,
+    progress: Progress | None = None,
+) -> tuple[Vector, list[Fitted], Indices]:
+    """Each prompt's logit from a model trained without its group; also the fold models
+    and which of them scored each prompt."""
+    groups = [p.group for p in prompts]
+    targets = np.array([p.small_advantage for p in prompts])
+    logits = np.zeros(len(prompts))
+    models: list[Fitted] = []
+    model_of = np.zeros(len(prompts), dtype=np.int64)
+    splits = grouped_folds(groups, folds, config.seed)
+    for k, (train, test) in enumerate(splits):
+        started = time.monotonic()
+        model = fit(design.take(train), targets[train], [groups[i] for i in train], config)
+        logits[test] = model.logits(design.take(test))
+        models.append(model)
+        model_of[test] = k
+        if progress:
+            held = sorted({groups[i] for i in test})
+            progress(
+                f"fold {k + 1}/{len(splits)}: held out {', '.join(held)[:70]} "
+                f"({len(test)} prompts, {time.monotonic() - started:.1f}s)"
+            )
+    return logits, models, model_of
+
+
+def train_router(
+    prompts: Sequence[LabeledPrompt],
+    config: TrainConfig = TrainConfig(),
+    *,
+    labels_name: str = "",
+    progress: Progress | None = None,
+) -> LearnedRouter:
+    design = Design.of([p.prompt for p in prompts], config.hash_bits)
+    say = progress or (lambda _: None)
+    say(f"features: {design.rows} prompts, {len(design.slots)} hashed entries")
+    offset, notes = 0.0, {}
+    if config.calibration_folds > 1 and len({p.group for p in prompts}) > 1:
+        logits, _, _ = held_out_logits(prompts, design, config, config.calibration_folds, say)
+        offset, share = quality_threshold(logits, prompts)
+        notes = {"calibration": {"folds": config.calibration_folds, "small_share": share}}
+        say(
+            f"calibration: score 0.5 at logit {offset:.3f}, where out-of-group scores kept "
+            f"{QUALITY_KEPT:.0%} of large quality sending {share:.1%} of prompts small"
+        )
+    targets = np.array([p.small_advantage for p in prompts])
+    started = time.monotonic()
+    model = fit(design, targets, [p.group for p in prompts], config)
+    say(f"final fit on all {design.rows} prompts: {time.monotonic() - started:.1f}s")
+    described = _describe(prompts)
+    trained_on = f"{labels_name}: {described}" if labels_name else described
+    return replace(router_of(model, config, trained_on, offset), notes=notes)
+
+
+def router_of(
+    model: Fitted, config: TrainConfig, trained_on: str, offset: float = 0.0
+) -> LearnedRouter:
+    return LearnedRouter(
+        version=f"router-f{FEATURES_VERSION}",
+        trained_on=trained_on,
+        hash_bits=config.hash_bits,
+        hashed_weights=model.hashed.astype(np.float32),
+        numeric_mean=model.numeric_mean,
+        numeric_scale=model.numeric_scale,
+        numeric_weights=model.numeric,
+        bias=model.bias - offset,
+        numeric_clip=NUMERIC_CLIP,
+    )
+
+
+def quality_threshold(logits: Vector, prompts: Sequence[LabeledPrompt]) -> tuple[float, float]:
+    """The logit threshold sending the most prompts (all sources pooled) to the small tier
+    while keeping `QUALITY_KEPT` of always-large quality; and that share."""
+    small = np.array([p.small_ok for p in prompts])
+    large = np.array([p.large_ok for p in prompts])
+    order = np.argsort(-logits, kind="stable")
+    kept = large.sum() + np.cumsum((small - large)[order])
+    meets = np.nonzero(kept >= QUALITY_KEPT * large.sum() - 1e-9)[0]
+    if len(meets) == 0:
+        return float(logits.max()) + 1.0, 0.0
+    last = int(meets.max())
+    return float(logits[order][last]), round((last + 1) / len(prompts), 4)
+
+
+def _describe(prompts: Iterable[LabeledPrompt]) -> str:
+    counts: dict[str, int] = {}
+    for p in prompts:
+        counts[p.source] = counts.get(p.source, 0) + 1
+    return ", ".join(f"{n} {source}" for source, n in sorted(counts.items()))
+
+
+def _standardised(numeric: Vector, mean: Vector, scale: Vector) -> Vector:
+    return np.clip((numeric - mean) / scale, -NUMERIC_CLIP, NUMERIC_CLIP)
+
+
+def _sigmoid(x: Vector) -> Vector:
+    return 0.5 * (1.0 + np.tanh(0.5 * x))
+
+
+def _lbfgs(
+    objective: Callable[[Vector], tuple[float, Vector]],
+    start: Vector,
+    iterations: int,
+    memory: int = 10,
+    tolerance: float = 1e-6,
+) -> Vector:
+    """Limited-memory BFGS with a backtracking (Armijo) line search: enough for a smooth
+    convex loss, and no scipy."""
+    x = start.copy()
+    value, gradient = objective(x)
+    steps: list[tuple[Vector, Vector, float]] = []  # (s, y, 1 / y.s)
+    for _ in range(iterations):
+        direction = -_two_loop(gradient, steps)
+        slope = float(gradient @ direction)
+        if slope >= 0:  # not a descent direction: forget the curvature, go downhill
+            steps.clear()
+            direction, slope = -gradient, -float(gradient @ gradient)
+        step = 1.0
+        while True:
+            candidate = x + step * direction
+            new_value, new_gradient = objective(candidate)
+            if new_value <= value + 1e-4 * step * slope or step < 1e-10:
+                break
+            step *= 0.5
+        s, y = candidate - x, new_gradient - gradient
+        curvature = float(s @ y)
+        if curvature > 1e-12:
+            steps.append((s, y, 1.0 / curvature))
+            del steps[:-memory]
+        x, value, gradient = candidate, new_value, new_gradient
+        if float(np.abs(gradient).max()) < tolerance:
+            break
+    return x
+
+
+def _two_loop(gradient: Vector, steps: list[tuple[Vector, Vector, float]]) -> Vector:
+    q = gradient.copy()
+    alphas = []
+    for s, y, rho in reversed(steps):
+        alpha = rho * float(s @ q)
+        alphas.append(alpha)
+        q -= alpha * y
+    if steps:
+        s, y, _ = steps[-1]
+        q *= float(s @ y) / float(y @ y)
+    for (s, y, rho), alpha in zip(steps, reversed(alphas), strict=True):
+        q += s * (alpha - rho * float(y @ q))
+    return q

@@ -1,0 +1,239 @@
+"""Tiered routing against real vLLM `cpu-tiny` replicas, with the openai SDK.
+
+The tiny model's unconstrained text is noise, so it can never meet a JSON schema by
+chance; vLLM's structured outputs make the same model answer within the schema. A tier
+whose pool does not ask for structured outputs is therefore the cascade's failing small
+model, and one that does is its passing one: the escalation is proven end to end.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from typing import Literal
+
+import openai
+import pytest
+import redis
+from openai.types.chat import ChatCompletionMessageParam
+from openai.types.shared_params import ResponseFormatJSONSchema
+from pydantic import BaseModel
+
+from gateway.tiering.learned import LearnedRouter
+from tests.integration.conftest import Engines, Gateway, running_gateway
+
+pytestmark = pytest.mark.engine
+
+
+class Label(BaseModel):
+    label: Literal["spam", "ham"]
+
+
+LABEL_FORMAT: ResponseFormatJSONSchema = {
+    "type": "json_schema",
+    "json_schema": {"name": "label", "strict": True, "schema": Label.model_json_schema()},
+}
+MESSAGES: list[ChatCompletionMessageParam] = [
+    {"role": "user", "content": "Is 'WIN A PRIZE NOW' spam or ham?"}
+]
+
+
+@pytest.fixture(scope="module")
+def tiered(
+    engines: Engines, redis_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Gateway]:
+    work = tmp_path_factory.mktemp("tiered")
+    replicas = ", ".join(f'{{url: "{url}"}}' for url in engines.urls("tiny-chat"))
+    policy = work / "policy.yaml"
+    policy.write_text(
+        f"""\
+version: 1
+state: {{redis_url: "{redis_url}"}}
+pools:
+  small-unconstrained: {{tier: small, served_model: tiny, structured_outputs: false,
+                        replicas: [{replicas}]}}
+  small: {{tier: small, served_model: tiny, replicas: [{replicas}]}}
+  large: {{tier: large, served_model: tiny, replicas: [{replicas}]}}
+models:
+  tiny: {{pool: large}}
+  auto: {{tiering: default}}
+  auto-unconstrained: {{tiering: unconstrained}}
+tiering:
+  default:
+    tiers: {{small: small, large: large}}
+    rules:
+      - {{name: classify, when: {{task: [classify]}}, then: small}}
+      - {{name: short-answers, when: {{max_tokens_at_most: 2}}, then: small}}
+    learned: {{threshold: 0.5}}
+  unconstrained:
+    tiers: {{small: small-unconstrained, large: large}}
+    learned: {{threshold: 0.5}}
+"""
+    )
+    with running_gateway(policy, work / "gateway.log") as gateway:
+        yield gateway
+
+
+def sdk(gateway: Gateway) -> openai.OpenAI:
+    return openai.OpenAI(base_url=gateway.v1, api_key="unused", max_retries=0, timeout=120)
+
+
+def ask_label(gateway: Gateway, model: str) -> tuple[str, str, Label]:
+    """The tier, the reason, and the answer validated against the schema."""
+    raw = sdk(gateway).chat.completions.with_raw_response.create(
+        model=model,
+        messages=MESSAGES,
+        response_format=LABEL_FORMAT,
+        max_tokens=40,
+        temperature=0,
+    )
+    content = raw.parse().choices[0].message.content
+    assert content is not None
+    label = Label.model_validate_json(content)
+    return raw.headers["x-gateway-tier"], raw.headers["x-gateway-route-reason"], label
+
+
+def test_an_unconstrained_small_answer_fails_the_schema_and_escalates(tiered: Gateway) -> None:
+    tier, reason, _ = ask_label(tiered, "auto-unconstrained")
+    assert tier == "large"
+    assert reason == "cascade: small failed response_format, escalated to large"
+
+
+def test_a_constrained_small_answer_passes_and_is_not_escalated(tiered: Gateway) -> None:
+    tier, reason, _ = ask_label(tiered, "auto")
+    assert tier == "small"
+    assert reason == "cascade: verifiable (response_format)"
+
+
+def test_the_sdk_parse_helper_gets_a_valid_answer_through_the_cascade(tiered: Gateway) -> None:
+    parsed = sdk(tiered).chat.completions.parse(
+        model="auto-unconstrained",
+        messages=MESSAGES,
+        response_format=Label,
+        max_tokens=40,
+        temperature=0,
+    )
+    assert parsed.choices[0].message.parsed is not None
+
+
+def test_a_streamed_cascade_reaches_the_client_as_one_valid_stream(tiered: Gateway) -> None:
+    client = sdk(tiered)
+    with client.chat.completions.with_streaming_response.create(
+        model="auto-unconstrained",
+        messages=MESSAGES,
+        response_format=LABEL_FORMAT,
+        max_tokens=40,
+        temperature=0,
+        stream=True,
+    ) as response:
+        assert response.headers["x-gateway-tier"] == "large"
+        text = "".join(
+            chunk.choices[0].delta.content or "" for chunk in response.parse() if chunk.choices
+        )
+    Label.model_validate(json.loads(text))
+
+
+def test_rules_and_the_learned_router_explain_themselves(tiered: Gateway) -> None:
+    client = sdk(tiered)
+    ruled = client.chat.completions.with_raw_response.create(
+        model="auto", messages=MESSAGES, max_tokens=4,
+        extra_headers={"X-Task": "classify"},
+    )  # fmt: skip
+    assert (ruled.headers["x-gateway-tier"], ruled.headers["x-gateway-route-reason"]) == (
+        "small",
+        "rule:classify",
+    )
+    short = client.chat.completions.with_raw_response.create(
+        model="auto",
+        messages=MESSAGES,
+        max_tokens=2,
+    )
+    assert short.headers["x-gateway-route-reason"] == "rule:short-answers"
+    scored = client.chat.completions.with_raw_response.create(
+        model="auto",
+        messages=MESSAGES,
+        max_tokens=4,
+    )
+    assert scored.headers["x-gateway-tier"] in ("small", "large")
+    assert scored.headers["x-gateway-route-reason"].startswith("router: score ")
+    explicit = client.chat.completions.with_raw_response.create(
+        model="tiny",
+        messages=MESSAGES,
+        max_tokens=4,
+    )
+    assert explicit.headers["x-gateway-route-reason"] == "explicit model"
+
+
+CANDIDATES = (
+    "Is 'WIN A PRIZE NOW' spam or ham?",
+    "Plan a three-city rail trip through Europe within a budget of 2,000 euros.",
+    "A store sells pens at $3 each and notebooks at twice that. Tom buys 4 pens and 3 "
+    "notebooks and pays with a $50 bill. How much change does he get?",
+    "Translate 'good morning' into French.",
+    "Prove that the square root of 2 is irrational.",
+)
+
+
+@pytest.fixture(scope="module")
+def sticky(
+    engines: Engines, redis_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Gateway, str, str]]:
+    """A gateway whose threshold sits between the shipped router's scores of two prompts,
+    with a margin wider than their gap: a session on the large tier must stay there."""
+    router = LearnedRouter.load()
+    ranked = sorted(CANDIDATES, key=router.score)
+    hard, easy = ranked[0], ranked[-1]
+    low, high = router.score(hard), router.score(easy)
+    assert high > low
+    work = tmp_path_factory.mktemp("sticky")
+    replicas = ", ".join(f'{{url: "{url}"}}' for url in engines.urls("tiny-chat"))
+    policy = work / "policy.yaml"
+    policy.write_text(
+        f"""\
+version: 1
+state: {{redis_url: "{redis_url}"}}
+pools:
+  small: {{tier: small, served_model: tiny, replicas: [{replicas}]}}
+  large: {{tier: large, served_model: tiny, replicas: [{replicas}]}}
+models:
+  auto: {{tiering: sticky}}
+tiering:
+  sticky:
+    tiers: {{small: small, large: large}}
+    learned: {{threshold: {(low + high) / 2}}}
+    stickiness: {{margin: {high - low}, cache_weight: 0}}
+"""
+    )
+    with running_gateway(policy, work / "gateway.log") as gateway:
+        yield gateway, hard, easy
+
+
+def test_a_session_does_not_bounce_between_tiers(
+    sticky: tuple[Gateway, str, str], redis_url: str
+) -> None:
+    gateway, hard, easy = sticky
+    client = sdk(gateway)
+    session = f"tier-{uuid.uuid4().hex}"
+
+    def ask(question: str, session_id: str | None) -> tuple[str, str]:
+        raw = client.chat.completions.with_raw_response.create(
+            model="auto",
+            messages=[{"role": "user", "content": question}],
+            max_tokens=4,
+            extra_headers={"X-Session-Id": session_id} if session_id else None,
+        )
+        return raw.headers["x-gateway-tier"], raw.headers["x-gateway-route-reason"]
+
+    tier, reason = ask(hard, session)
+    assert tier == "large"
+    assert reason.startswith("router: score ")
+    tier, reason = ask(easy, session)  # past the threshold, not past the margin
+    assert tier == "large"
+    assert reason.startswith("session: stays on large")
+    tier, reason = ask(easy, None)  # the same prompt outside a session moves
+    assert tier == "small"
+    assert reason.startswith("router: score ")
+    # The session's tier lives in Redis, for every gateway replica to see.
+    stored = redis.Redis.from_url(redis_url).get(f"agw:default:tier:sticky:{session}")
+    assert stored == b"large"
