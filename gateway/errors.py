@@ -11,6 +11,7 @@
     |   +-- OutputCheckFailed           502   upstream_error         code=output_check_failed
     +-- UpstreamRejected              (4xx)   (engine's own)         engine refused the request
     +-- NoHealthyReplica                503   service_unavailable    Retry-After set
+    +-- Overloaded                      429   rate_limit_error       code=overloaded, Retry-After
 
 Handlers raise these; `error_response` renders any of them in OpenAI's shape
 `{"error": {"message", "type", "param", "code"}}`. Anything else that escapes is a bug and
@@ -103,6 +104,18 @@ class NoHealthyReplica(GatewayError):
     status = 503
     error_type = "service_unavailable"
     default_code = "no_healthy_replica"
+
+    def __init__(self, message: str, *, retry_after_s: int) -> None:
+        super().__init__(message, headers={"Retry-After": str(retry_after_s)})
+
+
+class Overloaded(GatewayError):
+    """Every replica is at capacity: the request is shed instead of queued on a drowning
+    engine."""
+
+    status = 429
+    error_type = "rate_limit_error"
+    default_code = "overloaded"
 
     def __init__(self, message: str, *, retry_after_s: int) -> None:
         super().__init__(message, headers={"Retry-After": str(retry_after_s)})

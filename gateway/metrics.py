@@ -81,5 +81,32 @@ class GatewayMetrics:
             registry=self.registry,
         )
 
+        self.breaker_transitions = Counter(
+            "gateway_breaker_transitions",
+            "Circuit breaker state changes, by replica and the state entered "
+            "(open, half-open, closed: recovered).",
+            ["replica", "state"],
+            registry=self.registry,
+        )
+        self.retries = Counter(
+            "gateway_retries",
+            "Requests sent again (another replica where one exists) before any byte "
+            "reached the client, by pool.",
+            ["pool"],
+            registry=self.registry,
+        )
+        self.shed = Counter(
+            "gateway_shed",
+            "Requests answered 429 because every replica of the pool was at capacity.",
+            ["pool"],
+            registry=self.registry,
+        )
+        self.fallbacks = Counter(
+            "gateway_fallbacks",
+            "Requests served by a fallback model, by the model asked for and the fallback.",
+            ["model", "fallback"],
+            registry=self.registry,
+        )
+
     def render(self) -> bytes:
         return generate_latest(self.registry)

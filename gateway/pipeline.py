@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from starlette.responses import Response
@@ -17,21 +17,21 @@ from starlette.responses import Response
 from gateway.canonical import Canonicalizer, Fingerprint, fingerprint
 from gateway.conformance import conform_event, conform_response
 from gateway.errors import (
-    GatewayError,
     InvalidRequest,
     NoHealthyReplica,
     OutputCheckFailed,
+    Overloaded,
     UpstreamError,
     UpstreamTimeout,
-    upstream_error_from_body,
 )
 from gateway.inbound import InboundRequest, parse_request
 from gateway.metrics import GatewayMetrics
 from gateway.policy import Endpoint, Policy
 from gateway.prefix_watch import FingerprintStore
 from gateway.relay import RelayResponse, ReplayedStream, StreamRelay
-from gateway.replicas import Fleet, Pool, Replica
+from gateway.replicas import Fleet, Pool
 from gateway.request_log import RequestLog
+from gateway.resilience.dispatcher import Dispatch, Dispatcher, Outcome
 from gateway.routing.blocks import conversation_key, request_blocks
 from gateway.routing.costs import RouteRequest
 from gateway.routing.router import Decision, Router
@@ -43,12 +43,16 @@ from gateway.sessions.turns import SessionTurns, Turn, context_mode
 from gateway.sse import SSEFramer
 from gateway.tiering.chooser import TierChoice, TierChooser, load_learned_router
 from gateway.tiering.memory import MemorySessionTiers
-from gateway.upstream import ConnectFailed, Upstream, UpstreamResponse
+from gateway.upstream import Upstream, UpstreamResponse
 
 # Called with the turn's reply and usage once it completed; returns the turn's number.
 Checkpointer = Callable[[Message | None, dict[str, Any] | None], Awaitable[int | None]]
 
 log = logging.getLogger(__name__)
+
+# What makes a pool unable to answer, so that a fallback is tried: nothing reached the
+# client yet. An engine's 4xx is the client's to fix and is passed on instead.
+_CANNOT_ANSWER = (NoHealthyReplica, Overloaded, UpstreamError)
 
 _UPSTREAM_PATHS = {
     Endpoint.chat: "/v1/chat/completions",
@@ -68,23 +72,6 @@ class RequestContext:
     task: str | None = None  # the X-Task header: a label tier rules can match
 
 
-@dataclass(frozen=True)
-class _Dispatch:
-    decision: Decision
-    response: UpstreamResponse
-    deadline: float
-
-    @property
-    def replica(self) -> Replica:
-        return self.decision.replica
-
-    def headers(self) -> dict[str, str]:
-        return {
-            "X-Gateway-Replica": self.replica.id,
-            "X-Gateway-Route": self.decision.header(),
-        }
-
-
 class Pipeline:
     def __init__(
         self,
@@ -98,6 +85,7 @@ class Pipeline:
         request_log: RequestLog | None = None,
         sessions: SessionTurns | None = None,
         tiers: TierChooser | None = None,
+        dispatcher: Dispatcher | None = None,
     ) -> None:
         self._tiers = tiers or TierChooser(
             policy,
@@ -111,7 +99,7 @@ class Pipeline:
         self._policy = policy
         self._fleet = fleet
         self._router = router
-        self._upstream = upstream
+        self._dispatcher = dispatcher or Dispatcher(policy, router, upstream, metrics)
         self._fingerprints = fingerprints
         self._metrics = metrics
         self._prefix_routing = policy.routing.strategy == "cache_aware"
@@ -140,7 +128,7 @@ class Pipeline:
         )
         if choice.checks is not None:
             return await self._checked(request, route, context, choice, turn, hide_usage)
-        dispatch = await self._dispatch(choice.pool, request, route, context)
+        choice, dispatch = await self._dispatch(choice, request, route, context)
         headers = self._dispatched(request, route, choice, dispatch, prefix_changes)
         checkpoint = None
         if turn is not None:
@@ -148,7 +136,7 @@ class Pipeline:
             checkpoint = self._checkpointer(turn, request, choice, dispatch, context)
         if request.stream:
             return self._relay_stream(request, dispatch, headers, checkpoint, hide_usage)
-        return await self._relay_whole(dispatch, headers, checkpoint)
+        return await self._relay_whole(request, dispatch, headers, checkpoint)
 
     async def _checked(
         self,
@@ -168,7 +156,7 @@ class Pipeline:
         while True:
             engine_can = constrain and choice.pool.spec.structured_outputs
             sent = request.with_body(checks.constrain(request.body, engine_can))
-            dispatch = await self._dispatch(choice.pool, sent, route, context)
+            choice, dispatch = await self._dispatch(choice, sent, route, context)
             headers = self._dispatched(request, route, choice, dispatch, [])
             answer = await self._read_answer(sent, dispatch, hide_usage)
             problems = checks.problems(answer.reply)
@@ -201,7 +189,7 @@ class Pipeline:
         request: InboundRequest,
         route: RouteRequest,
         choice: TierChoice,
-        dispatch: _Dispatch,
+        dispatch: Dispatch,
         prefix_changes: list[str],
     ) -> dict[str, str]:
         """Records the decisions; returns the headers that report them."""
@@ -215,29 +203,35 @@ class Pipeline:
         return headers
 
     async def _read_answer(
-        self, request: InboundRequest, dispatch: _Dispatch, hide_usage: bool
+        self, request: InboundRequest, dispatch: Dispatch, hide_usage: bool = False
     ) -> Answer:
         """The whole answer, streamed or not, and the reply it holds."""
-        replica, response = dispatch.replica, dispatch.response
+        response = dispatch.response
+        outcome: Outcome = "released"  # cancelled: the client went away
         try:
             async with asyncio.timeout_at(dispatch.deadline):
                 if not request.stream:
                     payload = conform_response(await response.read())
                     reply, usage = reply_from_completion(payload)
-                    return Answer(reply, usage, payload, response.content_type)
-                conform = bool(request.body.get("logprobs"))
-                idle_s = self._policy.timeouts.idle_s
-                return await _read_stream(response, hide_usage, conform, idle_s)
+                    answer = Answer(reply, usage, payload, response.content_type)
+                else:
+                    conform = bool(request.body.get("logprobs"))
+                    idle_s = self._policy.timeouts.idle_s
+                    answer = await _read_stream(response, hide_usage, conform, idle_s)
+            outcome = "ok"
+            return answer
         except TimeoutError:
+            outcome = "failed"
             response.abort()
             raise UpstreamTimeout(
                 "The engine did not finish within the request deadline."
             ) from None
         except UpstreamError:
+            outcome = "failed"
             response.abort()
             raise
         finally:
-            replica.inflight -= 1
+            dispatch.finish(outcome)
 
     def _session_of(self, request: InboundRequest, context: RequestContext) -> SessionRef | None:
         if context.session is not None:
@@ -284,7 +278,7 @@ class Pipeline:
         turn: Turn,
         request: InboundRequest,
         choice: TierChoice,
-        dispatch: _Dispatch,
+        dispatch: Dispatch,
         context: RequestContext,
     ) -> Checkpointer:
         """What to call with the reply once the turn has completed."""
@@ -365,85 +359,62 @@ class Pipeline:
         return RouteRequest(blocks, session)
 
     async def _dispatch(
+        self,
+        choice: TierChoice,
+        request: InboundRequest,
+        route: RouteRequest,
+        context: RequestContext,
+    ) -> tuple[TierChoice, Dispatch]:
+        """Send to the chosen pool; when it cannot answer, to the model's fallbacks in turn."""
+        try:
+            return choice, await self._send(choice.pool, request, route, context)
+        except _CANNOT_ANSWER as exc:
+            failure = exc
+        for fallback in self._policy.models[request.model].fallbacks:
+            try:
+                alternative = await self._tiers.choose(
+                    fallback, request.endpoint, request.body, route
+                )
+                dispatch = await self._send(alternative.pool, request, route, context)
+            except _CANNOT_ANSWER as exc:
+                log.warning("fallback %s of %s failed too: %s", fallback, request.model, exc)
+                continue
+            self._metrics.fallbacks.labels(request.model, fallback).inc()
+            return replace(alternative, fallback=fallback), dispatch
+        raise failure
+
+    async def _send(
         self, pool: Pool, request: InboundRequest, route: RouteRequest, context: RequestContext
-    ) -> _Dispatch:
-        """Send to the chosen replica; on a refused connection (nothing sent) choose again."""
-        timeouts = self._policy.timeouts
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeouts.total_s
-        body = request.body_for(pool.spec.served_model)
+    ) -> Dispatch:
         headers = {"Content-Type": "application/json", "X-Request-Id": context.request_id}
         if request.stream:
             headers["Accept"] = "text/event-stream"
-        path = _UPSTREAM_PATHS[request.endpoint]
-        tried: set[Replica] = set()
-        while (decision := self._router.choose(pool.replicas, route, frozenset(tried))) is not None:
-            replica = decision.replica
-            tried.add(replica)
-            # Recorded before sending, so a burst sharing a new prefix sees where it went.
-            self._router.dispatched(decision, route)
-            replica.inflight += 1
-            try:
-                async with asyncio.timeout_at(min(deadline, loop.time() + timeouts.first_byte_s)):
-                    response = await self._upstream.post(
-                        replica.url + path, body, headers, connect_timeout_s=timeouts.connect_s
-                    )
-                    if response.status != 200:
-                        payload = await response.read()
-                        raise self._engine_refusal(replica, response.status, payload)
-            except ConnectFailed as exc:
-                replica.inflight -= 1
-                replica.mark_down(exc.message)
-                continue
-            except TimeoutError:
-                replica.inflight -= 1
-                raise UpstreamTimeout(
-                    f"The engine did not start answering within {timeouts.first_byte_s:g}s."
-                ) from None
-            except BaseException:
-                replica.inflight -= 1
-                raise
-            return _Dispatch(decision, response, deadline)
-        raise NoHealthyReplica(
-            f"No healthy replica is available for model `{request.model}`; try again shortly.",
-            retry_after_s=self._policy.health.retry_after_s,
+        return await self._dispatcher.send(
+            pool,
+            request.model,
+            _UPSTREAM_PATHS[request.endpoint],
+            request.body_for(pool.spec.served_model),
+            headers,
+            route,
         )
-
-    def _engine_refusal(self, replica: Replica, status: int, payload: bytes) -> GatewayError:
-        if status >= 500:
-            replica.mark_failed(
-                f"answered HTTP {status}", threshold=self._policy.health.failures_to_unhealthy
-            )
-        return upstream_error_from_body(status, payload)
 
     async def _relay_whole(
-        self, dispatch: _Dispatch, headers: dict[str, str], checkpoint: Checkpointer | None
+        self,
+        request: InboundRequest,
+        dispatch: Dispatch,
+        headers: dict[str, str],
+        checkpoint: Checkpointer | None,
     ) -> Response:
-        replica, response = dispatch.replica, dispatch.response
-        try:
-            async with asyncio.timeout_at(dispatch.deadline):
-                payload = await response.read()
-        except TimeoutError:
-            response.abort()
-            raise UpstreamTimeout(
-                "The engine did not finish within the request deadline."
-            ) from None
-        finally:
-            replica.inflight -= 1
+        answer = await self._read_answer(request, dispatch)
         if checkpoint is not None:
-            turn_number = await checkpoint(*reply_from_completion(payload))
+            turn_number = await checkpoint(answer.reply, answer.usage)
             headers["X-Gateway-Session-Turn"] = str(turn_number) if turn_number else "unsaved"
-        return Response(
-            conform_response(payload),
-            status_code=200,
-            media_type=response.content_type,
-            headers=headers,
-        )
+        return Response(answer.payload, media_type=answer.media_type, headers=headers)
 
     def _relay_stream(
         self,
         request: InboundRequest,
-        dispatch: _Dispatch,
+        dispatch: Dispatch,
         headers: dict[str, str],
         checkpoint: Checkpointer | None,
         hide_usage: bool = False,
@@ -451,6 +422,7 @@ class Pipeline:
         relay = StreamRelay(
             dispatch.replica,
             dispatch.response,
+            on_end=dispatch.finish,
             deadline=dispatch.deadline,
             idle_s=self._policy.timeouts.idle_s,
             # Only logprobs chunks need fixing; every other stream passes byte for byte.

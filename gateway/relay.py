@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 from starlette.responses import StreamingResponse
@@ -42,8 +42,12 @@ class StreamRelay:
         conform: bool = False,
         on_done: Callable[[Message | None, dict[str, Any] | None], Awaitable[object]] | None = None,
         hide_usage: bool = False,
+        on_end: Callable[[Literal["ok", "failed", "released"]], None] | None = None,
     ) -> None:
         self.replica = replica
+        # Gives the replica's slot back and tells its breaker how the stream ended.
+        self._on_end = on_end
+        self._broken = False
         # A session turn: collect the reply as it passes and checkpoint it before [DONE].
         self._on_done = on_done
         self._reply = ReplyCollector() if on_done is not None else None
@@ -65,9 +69,11 @@ class StreamRelay:
                     async with asyncio.timeout_at(min(self._deadline, loop.time() + self._idle_s)):
                         chunk = await self._response.next_chunk()
                 except TimeoutError:
+                    self._broken = True
                     yield stream_error(UpstreamTimeout("The engine stopped sending mid-stream."))
                     return
                 except UpstreamError as exc:
+                    self._broken = True
                     log.warning("stream from %s broke: %s", self.replica.id, exc.message)
                     yield stream_error(exc)
                     return
@@ -91,7 +97,10 @@ class StreamRelay:
         if self._closed:
             return
         self._closed = True
-        self.replica.inflight -= 1
+        if self._on_end is not None:
+            self._on_end("ok" if self._finished else "failed" if self._broken else "released")
+        else:
+            self.replica.inflight -= 1
         if self._finished:
             self._response.release()
         else:

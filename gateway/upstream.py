@@ -26,6 +26,7 @@ class ConnectFailed(UpstreamError):
 class UpstreamResponse(Protocol):
     status: int
     content_type: str
+    retry_after: str | None  # the engine's Retry-After header, if any
 
     async def read(self) -> bytes: ...
 
@@ -53,6 +54,7 @@ class _AiohttpResponse:
         self._resp = resp
         self.status = resp.status
         self.content_type = resp.headers.get("Content-Type", "application/json")
+        self.retry_after = resp.headers.get("Retry-After")
 
     async def read(self) -> bytes:
         try:

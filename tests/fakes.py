@@ -24,6 +24,7 @@ class Scripted:
     break_after: int | None = None  # chunks sent before the connection drops
     chunk_delay_s: float = 0.0
     post_delay_s: float = 0.0
+    retry_after: str | None = None
 
 
 @dataclass
@@ -38,6 +39,7 @@ class _FakeResponse:
         self._script = script
         self.status = script.status
         self.content_type = script.content_type
+        self.retry_after = script.retry_after
         self._sent = 0
         self.released = False
         self.aborted = False

@@ -117,6 +117,13 @@ def _reference_problems(data: dict[str, Any], lines: _LineIndex) -> list[PolicyP
             loc = ("models", str(alias), "pool")
             message = f"pool {pool!r} is not defined (expected one of: {defined})"
             problems.append(PolicyProblem(_dotted(loc), message, lines.of(loc)))
+        fallbacks = model.get("fallbacks") if isinstance(model, dict) else None
+        for i, fallback in enumerate(fallbacks if isinstance(fallbacks, list) else ()):
+            if isinstance(fallback, str) and (fallback not in models or fallback == alias):
+                where: tuple[str | int, ...] = ("models", str(alias), "fallbacks", i)
+                why = "is this model itself" if fallback == alias else "is not a defined model"
+                problem = PolicyProblem(_dotted(where), f"{fallback!r} {why}", lines.of(where))
+                problems.append(problem)
         route = model.get("tiering") if isinstance(model, dict) else None
         if isinstance(route, str) and route not in tiering:
             loc = ("models", str(alias), "tiering")

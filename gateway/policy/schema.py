@@ -156,6 +156,57 @@ class CanonicalizeSpec(Strict):
     )
 
 
+class BreakerSpec(Strict):
+    """A circuit breaker per replica: connect errors, timeouts and 5xx count; 4xx and
+    clients going away never do."""
+
+    consecutive_failures: int = Field(5, ge=1, description="Failures in a row that open it.")
+    error_rate: float = Field(
+        0.5, gt=0, le=1, description="Or this share of failures over `window_s` opens it."
+    )
+    window_s: float = Field(60.0, gt=0, description="The window the error rate is taken over.")
+    min_calls: int = Field(
+        20, ge=1, description="Calls in the window before the error rate is judged."
+    )
+    open_s: float = Field(15.0, gt=0, description="How long it stays open before a trial.")
+    half_open_trials: int = Field(
+        1, ge=1, description="Trial requests let through at once while half-open."
+    )
+
+
+class RetrySpec(Strict):
+    attempts: int = Field(
+        3, ge=1, description="Tries per request, the first included; only before the first byte."
+    )
+    backoff_base_s: float = Field(0.1, ge=0, description="Exponential backoff, full jitter.")
+    backoff_max_s: float = Field(2.0, ge=0, description="The longest wait between two tries.")
+    retry_after_cap_s: float = Field(
+        5.0, ge=0, description="An engine's Retry-After is honoured up to this."
+    )
+    on_status: tuple[int, ...] = Field(
+        (429, 502, 503, 504), description="Engine statuses that are retried (on another replica)."
+    )
+
+
+class AdmissionSpec(Strict):
+    max_inflight_per_replica: int = Field(
+        64, ge=1, description="Requests in flight to one replica before it counts as full."
+    )
+    on_saturated: Literal["reject", "wait"] = Field(
+        "reject",
+        description="Every replica full (in flight, or the engine's queue at "
+        "`routing.max_waiting`): answer 429 at once, or wait up to `wait_s` for room.",
+    )
+    wait_s: float = Field(2.0, gt=0, description="Longest wait for room with `on_saturated: wait`.")
+    retry_after_s: int = Field(1, ge=1, description="Retry-After on the 429.")
+
+
+class ResilienceSpec(Strict):
+    breaker: BreakerSpec = BreakerSpec()
+    retries: RetrySpec = RetrySpec()
+    admission: AdmissionSpec = AdmissionSpec()
+
+
 class StateSpec(Strict):
     redis_url: str = Field(
         "",
@@ -422,6 +473,11 @@ class ModelSpec(Strict):
     canonicalize: CanonicalizeSpec | None = Field(
         None, description="Overrides the top-level `canonicalize` for this model."
     )
+    fallbacks: tuple[Name, ...] = Field(
+        (),
+        description="Model aliases tried in order when this one cannot answer (every "
+        "replica down, open or full, or failing after retries); reported in X-Gateway-Fallback.",
+    )
 
     @model_validator(mode="after")
     def _pool_or_tiering(self) -> ModelSpec:
@@ -440,6 +496,7 @@ class Policy(Strict):
     sessions: SessionsSpec = SessionsSpec()
     trimming: TrimmingSpec = TrimmingSpec()
     routing: RoutingSpec = RoutingSpec()
+    resilience: ResilienceSpec = ResilienceSpec()
     canonicalize: CanonicalizeSpec = CanonicalizeSpec()
     pools: dict[Name, PoolSpec] = Field(min_length=1)
     models: dict[Name, ModelSpec] = Field(min_length=1)

@@ -52,9 +52,13 @@ class TierChoice:
     by: str  # explicit | rule | cascade | router | session | default | escalation
     checks: OutputChecks | None = None
     escalate_to: str | None = None  # the tier a failed check moves to, if any
+    fallback: str | None = None  # the fallback model serving, when the asked one could not
 
     def header_values(self) -> dict[str, str]:
-        return {"X-Gateway-Tier": self.tier, "X-Gateway-Route-Reason": self.reason}
+        values = {"X-Gateway-Tier": self.tier, "X-Gateway-Route-Reason": self.reason}
+        if self.fallback is not None:
+            values["X-Gateway-Fallback"] = self.fallback
+        return values
 
 
 class _Route:

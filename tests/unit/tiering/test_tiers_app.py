@@ -4,7 +4,6 @@ there is nowhere to go, and the counts in /metrics."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import orjson
@@ -84,13 +83,6 @@ class Engines:
 @pytest.fixture
 def policy(redis_url: str) -> Policy:
     return parse_policy(POLICY + f"state: {{redis_url: '{redis_url}'}}\n")
-
-
-@pytest.fixture
-def gateways() -> Iterator[OpenGateways]:
-    opened = OpenGateways()
-    yield opened
-    opened.close_all()
 
 
 def ask(model: str, **extra: Any) -> dict[str, Any]:

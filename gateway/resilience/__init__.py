@@ -1,0 +1,1 @@
+"""Keeping requests served when engines fail: breakers, one retry loop, admission control."""

@@ -1,0 +1,297 @@
+"""Sending a request to an engine: admission, one retry loop, a breaker per replica.
+
+Each try: the candidates are the pool's replicas that are healthy, whose breaker admits a
+request and that have room (in flight under `max_inflight_per_replica`, the engine's own
+queue under `routing.max_waiting`); the router picks among them, preferring one this
+request has not tried. A refused connection, a timeout before the first byte, and the
+statuses in `retries.on_status` are retried (tenacity: exponential backoff with full
+jitter, an engine's Retry-After honoured up to a cap, never past the request's deadline)
+until `retries.attempts`; everything happens before the first byte reaches the client, so
+a retry can never duplicate output. When every replica is full the request is shed with a
+429 (or waits a bounded time for room, per policy) instead of piling onto a drowning engine.
+
+The replica's slot and its breaker outcome are given back exactly once, by `Dispatch.
+finish`, when the answer has been read or the stream has ended: a replica that fails
+mid-stream is caught by its breaker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception_type,
+    stop_after_attempt,
+    wait_random_exponential,
+)
+
+from gateway.errors import (
+    GatewayError,
+    NoHealthyReplica,
+    Overloaded,
+    UpstreamError,
+    UpstreamTimeout,
+    upstream_error_from_body,
+)
+from gateway.metrics import GatewayMetrics
+from gateway.policy import Policy
+from gateway.policy.schema import RetrySpec
+from gateway.replicas import Pool, Replica
+from gateway.resilience.breaker import ReplicaBreaker
+from gateway.routing.costs import RouteRequest
+from gateway.routing.router import Decision, EngineLoad, Router
+from gateway.upstream import ConnectFailed, Upstream, UpstreamResponse
+
+log = logging.getLogger(__name__)
+
+Outcome = Literal["ok", "failed", "released"]
+
+
+@dataclass
+class Dispatch:
+    decision: Decision
+    response: UpstreamResponse
+    deadline: float
+    _breaker: ReplicaBreaker
+    _trial: bool
+    attempts: int = 1
+    _done: bool = field(default=False, repr=False)
+
+    @property
+    def replica(self) -> Replica:
+        return self.decision.replica
+
+    def headers(self) -> dict[str, str]:
+        out = {
+            "X-Gateway-Replica": self.replica.id,
+            "X-Gateway-Route": self.decision.header(),
+        }
+        if self.attempts > 1:
+            out["X-Gateway-Attempts"] = str(self.attempts)
+        return out
+
+    def finish(self, outcome: Outcome) -> None:
+        """The answer was read (ok), broke (failed) or was abandoned by the client."""
+        if self._done:
+            return
+        self._done = True
+        self.replica.inflight -= 1
+        if outcome == "ok":
+            self._breaker.succeeded(self._trial)
+        elif outcome == "failed":
+            self._breaker.failed(self._trial)
+        else:
+            self._breaker.released(self._trial)
+
+
+class _Retryable(Exception):
+    def __init__(self, error: GatewayError, retry_after_s: float | None = None) -> None:
+        super().__init__(error.message)
+        self.error = error
+        self.retry_after_s = retry_after_s
+
+
+class Breakers:
+    """One breaker per replica, made on first use."""
+
+    def __init__(self, policy: Policy, metrics: GatewayMetrics) -> None:
+        self._spec = policy.resilience.breaker
+        self._metrics = metrics
+        self._by_replica: dict[str, ReplicaBreaker] = {}
+
+    def of(self, replica: Replica) -> ReplicaBreaker:
+        breaker = self._by_replica.get(replica.id)
+        if breaker is None:
+            breaker = ReplicaBreaker(replica.id, self._spec, on_change=self._changed)
+            self._by_replica[replica.id] = breaker
+        return breaker
+
+    def _changed(self, replica: str, old: str, new: str) -> None:
+        log.warning("breaker of %s: %s -> %s", replica, old, new)
+        self._metrics.breaker_transitions.labels(replica, new).inc()
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        policy: Policy,
+        router: Router,
+        upstream: Upstream,
+        metrics: GatewayMetrics,
+        *,
+        engine_load: Callable[[str], EngineLoad | None] | None = None,
+        breakers: Breakers | None = None,
+    ) -> None:
+        self._policy = policy
+        self._router = router
+        self._upstream = upstream
+        self._metrics = metrics
+        self._engine_load = engine_load or (lambda url: None)
+        self._breakers = breakers or Breakers(policy, metrics)
+
+    async def send(
+        self,
+        pool: Pool,
+        model: str,
+        path: str,
+        body: bytes,
+        headers: dict[str, str],
+        route: RouteRequest,
+    ) -> Dispatch:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._policy.timeouts.total_s
+        retries = self._policy.resilience.retries
+        tried: set[Replica] = set()
+        attempts = 0
+
+        def before_deadline(state: RetryCallState) -> bool:
+            return loop.time() + _wait_of(state, retries) >= deadline
+
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(retries.attempts) | before_deadline,  # type: ignore[operator]
+            wait=lambda state: _wait_of(state, retries),
+            retry=retry_if_exception_type(_Retryable),
+            reraise=True,
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    attempts += 1
+                    if attempts > 1:
+                        self._metrics.retries.labels(pool.name).inc()
+                    dispatch = await self._try(pool, model, path, body, headers, route, tried)
+                    dispatch.deadline, dispatch.attempts = deadline, attempts
+                    return dispatch
+        except _Retryable as exc:
+            raise exc.error from None
+        raise AssertionError("unreachable: tenacity either returns or raises")
+
+    async def _try(
+        self,
+        pool: Pool,
+        model: str,
+        path: str,
+        body: bytes,
+        headers: dict[str, str],
+        route: RouteRequest,
+        tried: set[Replica],
+    ) -> Dispatch:
+        candidates = await self._admitted(pool, model)
+        # Another replica when one exists; the same ones again only when none is left.
+        exclude = frozenset(tried) if any(r not in tried for r in candidates) else frozenset()
+        decision = self._router.choose(candidates, route, exclude)
+        if decision is None:
+            raise self._none_healthy(model)
+        replica = decision.replica
+        tried.add(replica)
+        breaker = self._breakers.of(replica)
+        # Recorded before sending, so a burst sharing a new prefix sees where it went.
+        self._router.dispatched(decision, route)
+        replica.inflight += 1
+        trial = breaker.started()
+        timeouts = self._policy.timeouts
+        try:
+            async with asyncio.timeout(timeouts.first_byte_s):
+                response = await self._upstream.post(
+                    replica.url + path, body, headers, connect_timeout_s=timeouts.connect_s
+                )
+                payload = await response.read() if response.status != 200 else b""
+        except ConnectFailed as exc:
+            replica.inflight -= 1
+            breaker.failed(trial)
+            replica.mark_down(exc.message)
+            raise _Retryable(self._none_healthy(model)) from exc
+        except (TimeoutError, UpstreamError) as exc:
+            replica.inflight -= 1
+            breaker.failed(trial)
+            error = (
+                exc
+                if isinstance(exc, UpstreamError)
+                else UpstreamTimeout(
+                    f"The engine did not start answering within {timeouts.first_byte_s:g}s."
+                )
+            )
+            raise _Retryable(error) from exc
+        except BaseException:
+            replica.inflight -= 1
+            breaker.released(trial)
+            raise
+        if response.status != 200:
+            replica.inflight -= 1
+            refusal = upstream_error_from_body(response.status, payload)
+            if response.status >= 500:
+                breaker.failed(trial)
+                replica.mark_failed(
+                    f"answered HTTP {response.status}",
+                    threshold=self._policy.health.failures_to_unhealthy,
+                )
+            else:
+                breaker.succeeded(trial)  # alive: a 4xx (or a 429) is not the engine failing
+            retry_after = _seconds(response.retry_after)
+            if response.status == 429:  # the engine is busy, not the client wrong
+                wait = retry_after or self._policy.resilience.admission.retry_after_s
+                refusal = Overloaded(
+                    f"The engines of model `{model}` are busy ({refusal.message}); retry shortly.",
+                    retry_after_s=max(1, math.ceil(wait)),
+                )
+            if response.status in self._policy.resilience.retries.on_status:
+                raise _Retryable(refusal, retry_after)
+            raise refusal
+        return Dispatch(decision, response, 0.0, breaker, trial)
+
+    async def _admitted(self, pool: Pool, model: str) -> list[Replica]:
+        """The replicas a request may go to now; waits for room or sheds, per policy."""
+        admission = self._policy.resilience.admission
+        loop = asyncio.get_running_loop()
+        until = loop.time() + admission.wait_s
+        while True:
+            healthy = [r for r in pool.replicas if r.healthy and self._breakers.of(r).admits()]
+            if not healthy:
+                raise self._none_healthy(model)
+            roomy = [r for r in healthy if not self._full(r)]
+            if roomy:
+                return roomy
+            if admission.on_saturated == "reject" or loop.time() >= until:
+                self._metrics.shed.labels(pool.name).inc()
+                raise Overloaded(
+                    f"Every replica of model `{model}` is at capacity; retry shortly.",
+                    retry_after_s=admission.retry_after_s,
+                )
+            await asyncio.sleep(0.02)
+
+    def _full(self, replica: Replica) -> bool:
+        if replica.inflight >= self._policy.resilience.admission.max_inflight_per_replica:
+            return True
+        engine = self._engine_load(replica.url)
+        return engine is not None and engine.waiting >= self._policy.routing.max_waiting
+
+    def _none_healthy(self, model: str) -> NoHealthyReplica:
+        return NoHealthyReplica(
+            f"No healthy replica is available for model `{model}`; try again shortly.",
+            retry_after_s=self._policy.health.retry_after_s,
+        )
+
+
+def _wait_of(state: RetryCallState, retries: RetrySpec) -> float:
+    outcome = state.outcome
+    exc = outcome.exception() if outcome is not None and outcome.failed else None
+    if isinstance(exc, _Retryable) and exc.retry_after_s is not None:
+        return min(exc.retry_after_s, retries.retry_after_cap_s)
+    jitter = wait_random_exponential(multiplier=retries.backoff_base_s, max=retries.backoff_max_s)
+    return float(jitter(state))
+
+
+def _seconds(value: str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        return None  # an HTTP date: the backoff decides instead

@@ -1,0 +1,191 @@
+"""Retries, breakers, admission and fallbacks over HTTP, engine replaced by its twin."""
+
+from __future__ import annotations
+
+import asyncio
+
+import orjson
+import pytest
+
+from gateway.errors import Overloaded
+from gateway.metrics import GatewayMetrics
+from gateway.pipeline import Pipeline, RequestContext
+from gateway.policy import Endpoint, Policy, parse_policy
+from gateway.prefix_watch import MemoryFingerprints
+from gateway.replicas import Fleet
+from gateway.routing.router import RoundRobinRouter
+from tests.fakes import Call, FakeUpstream, Scripted
+from tests.unit.clients import OpenGateways
+
+POLICY = """\
+version: 1
+health: {failures_to_unhealthy: 1000}
+resilience:
+  breaker: {consecutive_failures: 3, open_s: 60}
+  retries: {attempts: 3, backoff_base_s: 0.001, backoff_max_s: 0.01, retry_after_cap_s: 0.05}
+routing: {strategy: round_robin}
+pools:
+  main:
+    served_model: m
+    replicas: [{url: "http://a.test:1"}, {url: "http://b.test:1"}]
+  spare:
+    served_model: s
+    replicas: [{url: "http://spare.test:1"}]
+models:
+  main: {pool: main, fallbacks: [spare]}
+  spare: {pool: spare}
+"""
+ASK = {"model": "main", "messages": [{"role": "user", "content": "hi"}]}
+OK = orjson.dumps({
+    "id": "c", "object": "chat.completion", "created": 1, "model": "m",
+    "choices": [{"index": 0, "finish_reason": "stop",
+                 "message": {"role": "assistant", "content": "fine"}}],
+})  # fmt: skip
+BUSY = orjson.dumps({"error": {"message": "busy", "type": "x", "code": None}})
+
+
+def host(call: Call) -> str:
+    return call.url.split("//")[1].split(".")[0]
+
+
+class Hosts:
+    """Scripts per host; records which host each call went to."""
+
+    def __init__(self, scripts: dict[str, Scripted]) -> None:
+        self.scripts = scripts
+        self.seen: list[str] = []
+
+    def __call__(self, call: Call) -> Scripted:
+        self.seen.append(host(call))
+        return self.scripts[host(call)]
+
+
+@pytest.fixture
+def policy(redis_url: str) -> Policy:
+    return parse_policy(POLICY + f"state: {{redis_url: '{redis_url}'}}\n")
+
+
+def test_a_503_is_retried_on_the_other_replica(policy: Policy, gateways: OpenGateways) -> None:
+    hosts = Hosts({"a": Scripted(status=503, body=BUSY, retry_after="0"), "b": Scripted(body=OK)})
+    client, _ = gateways.open(policy, hosts)
+    response = client.post("/v1/chat/completions", json=ASK)
+    assert response.status_code == 200
+    assert response.headers["x-gateway-attempts"] == "2"
+    assert hosts.seen == ["a", "b"]
+    assert 'gateway_retries_total{pool="main"} 1.0' in client.get("/metrics").text
+
+
+def test_a_429_storm_ends_in_a_clean_429(policy: Policy, gateways: OpenGateways) -> None:
+    busy = Scripted(status=429, body=BUSY, retry_after="1")
+    hosts = Hosts({"a": busy, "b": busy, "spare": busy})
+    client, _ = gateways.open(policy, hosts)
+    response = client.post("/v1/chat/completions", json=ASK)
+    assert response.status_code == 429
+    error = response.json()["error"]
+    assert (error["type"], error["code"]) == ("rate_limit_error", "overloaded")
+    assert "busy" in error["message"]
+    assert response.headers["retry-after"] == "1"
+    assert len(hosts.seen) == 3 + 3  # every try on main, then every try on its fallback
+
+
+def test_a_500_is_not_retried_and_the_fallback_answers(
+    policy: Policy, gateways: OpenGateways
+) -> None:
+    hosts = Hosts({"a": Scripted(status=500, body=BUSY), "b": Scripted(status=500, body=BUSY),
+                   "spare": Scripted(body=OK)})  # fmt: skip
+    client, _ = gateways.open(policy, hosts)
+    response = client.post("/v1/chat/completions", json=ASK)
+    assert response.headers["x-gateway-fallback"] == "spare"
+    assert len(hosts.seen) == 2
+
+
+def test_client_errors_are_not_retried_and_do_not_trip_the_breaker(
+    policy: Policy, gateways: OpenGateways
+) -> None:
+    bad = Scripted(status=400, body=BUSY)
+    hosts = Hosts({"a": bad, "b": bad, "spare": bad})
+    client, _ = gateways.open(policy, hosts)
+    for _ in range(8):
+        assert client.post("/v1/chat/completions", json=ASK).status_code == 400
+    assert len(hosts.seen) == 8
+    assert "gateway_breaker_transitions_total{" not in client.get("/metrics").text
+
+
+def test_an_open_breaker_takes_the_replica_out(policy: Policy, gateways: OpenGateways) -> None:
+    hosts = Hosts({"a": Scripted(status=503, body=BUSY), "b": Scripted(body=OK)})
+    client, _ = gateways.open(policy, hosts)
+    for _ in range(10):
+        assert client.post("/v1/chat/completions", json=ASK).status_code == 200
+    assert hosts.seen.count("a") == 3  # then the breaker opened: `a` is never tried again
+    metrics = client.get("/metrics").text
+    assert 'gateway_breaker_transitions_total{replica="main/' in metrics
+    assert 'state="open"} 1.0' in metrics
+
+
+def test_a_stream_that_breaks_counts_against_its_replica(
+    policy: Policy, gateways: OpenGateways
+) -> None:
+    chunk = b'data: {"choices": [{"index": 0, "delta": {"content": "x"}}]}\n\n'
+    broken = Scripted(chunks=[chunk], content_type="text/event-stream", break_after=1)
+    hosts = Hosts({"a": broken, "b": broken})
+    client, _ = gateways.open(policy, hosts)
+    for _ in range(6):
+        text = client.post("/v1/chat/completions", json={**ASK, "stream": True}).text
+        assert '"error"' in text  # an error event, never a silent truncation
+        assert "[DONE]" not in text
+    assert client.get("/metrics").text.count('state="open"} 1.0') == 2
+
+
+def test_when_every_replica_is_down_the_fallback_answers(
+    policy: Policy, gateways: OpenGateways
+) -> None:
+    refused = Scripted(connect_refused=True)
+    hosts = Hosts({"a": refused, "b": refused, "spare": Scripted(body=OK)})
+    client, fake = gateways.open(policy, hosts)
+    response = client.post("/v1/chat/completions", json=ASK)
+    assert response.status_code == 200
+    assert response.headers["x-gateway-fallback"] == "spare"
+    assert orjson.loads(fake.calls[-1].body)["model"] == "s"
+    assert (
+        'gateway_fallbacks_total{fallback="spare",model="main"} 1.0' in client.get("/metrics").text
+    )
+
+
+class Held(FakeUpstream):
+    """Streams that stay open until the test ends them: slots stay taken."""
+
+    def __init__(self) -> None:
+        super().__init__(lambda call: Scripted(chunks=[], content_type="text/event-stream"))
+        self.gate: asyncio.Event = asyncio.Event()
+
+    async def post(self, url, body, headers, *, connect_timeout_s):  # type: ignore[no-untyped-def]
+        response = await super().post(url, body, headers, connect_timeout_s=connect_timeout_s)
+        gate = self.gate
+
+        async def next_chunk() -> bytes:
+            await gate.wait()
+            return b""
+
+        response.next_chunk = next_chunk  # type: ignore[method-assign]
+        return response
+
+
+@pytest.mark.parametrize("mode", ["reject", "wait"])
+async def test_a_full_pool_sheds_with_429_and_retry_after(mode: str) -> None:
+    policy = parse_policy(
+        POLICY.replace("routing:", f"  admission: {{max_inflight_per_replica: 1, "
+                       f"on_saturated: {mode}, wait_s: 0.05, retry_after_s: 3}}\nrouting:")
+    )  # fmt: skip
+    upstream = Held()
+    metrics = GatewayMetrics()
+    pipeline = Pipeline(
+        policy, Fleet(policy), RoundRobinRouter(), upstream,
+        fingerprints=MemoryFingerprints(), metrics=metrics,
+    )  # fmt: skip
+    body = orjson.dumps({**ASK, "model": "spare", "stream": True})
+    await pipeline.handle(Endpoint.chat, body, RequestContext("r1"))  # holds spare's slot
+    with pytest.raises(Overloaded) as shed:
+        await pipeline.handle(Endpoint.chat, body, RequestContext("r2"))
+    assert shed.value.status == 429
+    assert shed.value.headers["Retry-After"] == "3"
+    assert len(upstream.calls) == 1  # the full replica was not asked
