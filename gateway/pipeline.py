@@ -103,6 +103,7 @@ class Pipeline:
         self._fingerprints = fingerprints
         self._metrics = metrics
         self._prefix_routing = policy.routing.strategy == "cache_aware"
+        self._fail_closed = policy.sessions.on_store_outage == "fail_closed"
         # One canonicaliser (and tool cache) per distinct setting, not per model alias.
         shared = Canonicalizer(policy.canonicalize)
         self._canonical = {
@@ -116,10 +117,12 @@ class Pipeline:
         request = parse_request(endpoint, raw_body)
         self._tiers.check_model(request.model, endpoint)
         session = self._session_of(request, context)
-        turn, request = await self._hydrate(request, session, context)
+        turn, request, degraded = await self._hydrate(request, session, context)
+        notes = {"X-Gateway-Degraded": "checkpoint"} if degraded else {}
         request, hide_usage = _with_usage_for_checkpoint(request, turn)
         request, tools_json = self._canonicalise(request)
-        prefix_changes = await self._prefix_changes(request, session)
+        if prefix_changes := await self._prefix_changes(request, session):
+            notes["X-Gateway-Prefix-Change"] = ",".join(prefix_changes)
         route = self._route_request(
             request, session.id if session else context.session_id, tools_json
         )
@@ -127,9 +130,9 @@ class Pipeline:
             request.model, endpoint, request.body, route, task=context.task
         )
         if choice.checks is not None:
-            return await self._checked(request, route, context, choice, turn, hide_usage)
+            return await self._checked(request, route, context, choice, turn, hide_usage, notes)
         choice, dispatch = await self._dispatch(choice, request, route, context)
-        headers = self._dispatched(request, route, choice, dispatch, prefix_changes)
+        headers = self._dispatched(request, route, choice, dispatch, notes)
         checkpoint = None
         if turn is not None:
             headers["X-Gateway-Session"] = turn.session.id
@@ -146,6 +149,7 @@ class Pipeline:
         choice: TierChoice,
         turn: Turn | None,
         hide_usage: bool,
+        notes: dict[str, str],
     ) -> Response:
         """An answer with checks is read whole and checked before the client sees it; one
         that fails moves up a tier once, and a failure with nowhere to go is an error."""
@@ -157,7 +161,7 @@ class Pipeline:
             engine_can = constrain and choice.pool.spec.structured_outputs
             sent = request.with_body(checks.constrain(request.body, engine_can))
             choice, dispatch = await self._dispatch(choice, sent, route, context)
-            headers = self._dispatched(request, route, choice, dispatch, [])
+            headers = self._dispatched(request, route, choice, dispatch, notes)
             answer = await self._read_answer(sent, dispatch, hide_usage)
             problems = checks.problems(answer.reply)
             if not problems:
@@ -179,7 +183,7 @@ class Pipeline:
             headers["X-Gateway-Session"] = turn.session.id
             commit = self._checkpointer(turn, request, choice, dispatch, context)
             turn_number = await commit(answer.reply, answer.usage)
-            headers["X-Gateway-Session-Turn"] = str(turn_number) if turn_number else "unsaved"
+            _report_turn(headers, turn_number)
         if answer.events is not None:
             return ReplayedStream(answer.events, headers)
         return Response(answer.payload, media_type=answer.media_type, headers=headers)
@@ -190,17 +194,14 @@ class Pipeline:
         route: RouteRequest,
         choice: TierChoice,
         dispatch: Dispatch,
-        prefix_changes: list[str],
+        notes: dict[str, str],
     ) -> dict[str, str]:
         """Records the decisions; returns the headers that report them."""
         self._record_route(choice.pool, dispatch.decision)
         self._metrics.tier_decisions.labels(request.model, choice.tier, choice.by).inc()
         if self._request_log is not None:
             self._request_log.write(request.model, route, dispatch.decision)
-        headers = {**dispatch.headers(), **choice.header_values()}
-        if prefix_changes:
-            headers["X-Gateway-Prefix-Change"] = ",".join(prefix_changes)
-        return headers
+        return {**dispatch.headers(), **choice.header_values(), **notes}
 
     async def _read_answer(
         self, request: InboundRequest, dispatch: Dispatch, hide_usage: bool = False
@@ -242,8 +243,9 @@ class Pipeline:
 
     async def _hydrate(
         self, request: InboundRequest, session: SessionRef | None, context: RequestContext
-    ) -> tuple[Turn | None, InboundRequest]:
-        """Continue the session: in delta mode, put the stored conversation in front."""
+    ) -> tuple[Turn | None, InboundRequest, bool]:
+        """Continue the session: in delta mode, put the stored conversation in front. The
+        flag is True when the store could not be read and the turn is served unsaved."""
         mode = context_mode(context.context_mode)
         if session is None or self._sessions is None or not self._policy.sessions.enabled:
             if mode == "delta":
@@ -253,17 +255,17 @@ class Pipeline:
                     param="X-Context-Mode",
                     code="session_required",
                 )
-            return None, request
+            return None, request, False
         try:
             turn, body = await self._sessions.begin(session, mode, request.body)
         except StateUnavailable as exc:
-            if mode == "delta":
-                raise  # the conversation cannot be rebuilt without the store
-            # The client sent its whole history: serve it; the next turn's checkpoint
-            # takes in what this one could not store.
+            if mode == "delta" or self._fail_closed:
+                raise  # 503: without the store the conversation cannot be rebuilt or kept
+            # Fail open: the client sent its whole history, so serve it; the next turn's
+            # checkpoint takes in what this one could not store.
             log.warning("session %s not loaded, turn served unsaved: %s", session.id, exc)
             self._metrics.checkpoint_failures.inc()
-            return None, request
+            return None, request, True
         if body is not request.body:
             request = request.with_body(body)
         if turn.trimmed is not None:
@@ -271,7 +273,7 @@ class Pipeline:
             self._metrics.trims.labels("fell_back" if trimmed.fell_back else "trimmed").inc()
             self._metrics.trim_patches.inc(trimmed.patches)
             self._metrics.trim_schema_failures.inc(trimmed.schema_failures)
-        return turn, request
+        return turn, request, False
 
     def _checkpointer(
         self,
@@ -307,10 +309,11 @@ class Pipeline:
                     model=request.model,
                 )
             except StateUnavailable as exc:
-                # The answer still reaches the client; the turn is reported unsaved.
                 log.warning("checkpoint of session %s not written: %s", turn.session.id, exc)
                 self._metrics.checkpoint_failures.inc()
-                return None
+                if self._fail_closed:
+                    raise  # 503, or an error event in place of [DONE]: nothing half-kept
+                return None  # fail open: the answer reaches the client, the turn unsaved
             self._metrics.checkpoints_written.inc()
             return number
 
@@ -408,7 +411,7 @@ class Pipeline:
         answer = await self._read_answer(request, dispatch)
         if checkpoint is not None:
             turn_number = await checkpoint(answer.reply, answer.usage)
-            headers["X-Gateway-Session-Turn"] = str(turn_number) if turn_number else "unsaved"
+            _report_turn(headers, turn_number)
         return Response(answer.payload, media_type=answer.media_type, headers=headers)
 
     def _relay_stream(
@@ -431,6 +434,12 @@ class Pipeline:
             hide_usage=hide_usage,
         )
         return RelayResponse(relay, headers)
+
+
+def _report_turn(headers: dict[str, str], turn_number: int | None) -> None:
+    headers["X-Gateway-Session-Turn"] = str(turn_number) if turn_number else "unsaved"
+    if not turn_number:
+        headers["X-Gateway-Degraded"] = "checkpoint"
 
 
 @dataclass(frozen=True)

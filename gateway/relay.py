@@ -86,7 +86,12 @@ class StreamRelay:
                     if self._reply is not None and not self._reply.done:
                         usage_only = self._reply.feed(event)
                         if self._reply.done and self._on_done is not None:
-                            await self._on_done(self._reply.message(), self._reply.usage)
+                            try:
+                                await self._on_done(self._reply.message(), self._reply.usage)
+                            except GatewayError as exc:  # the turn could not be kept
+                                yield stream_error(exc)
+                                self._finished = True  # the engine did finish
+                                return
                         if usage_only and self._hide_usage:
                             continue
                     yield conform_event(event) if self._conform else event

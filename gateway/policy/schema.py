@@ -231,6 +231,11 @@ class SessionsSpec(Strict):
         ge=60,
         description="A session's checkpoints expire this long after its last turn.",
     )
+    on_store_outage: Literal["fail_open", "fail_closed"] = Field(
+        "fail_open",
+        description="Redis unreachable: serve session turns unsaved (X-Gateway-Degraded: "
+        "checkpoint), or refuse them with 503.",
+    )
 
 
 class StateToolSpec(Strict):

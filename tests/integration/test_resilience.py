@@ -1,0 +1,175 @@
+"""Resilience against real vLLM processes: a replica frozen (SIGSTOP) and resumed, a replica
+SIGKILLed mid-stream, and a client going away mid-stream, with the openai SDK and raw HTTP.
+
+A replica of its own is started for this module (the shared ones serve the other tests),
+paired in one pool with a shared replica that stays up.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from engine.cli import resolve_model
+from engine.profiles import load_profile
+from engine.state import ReplicaRecord
+from engine.supervisor import ROOT, Launch, Paths, down, up
+from tests.integration.conftest import Engines, Gateway, running_gateway
+
+pytestmark = pytest.mark.engine
+
+
+@dataclass(frozen=True)
+class Setup:
+    gateway: Gateway
+    doomed: ReplicaRecord
+    live_url: str
+
+
+@pytest.fixture(scope="module")
+def setup(
+    engines: Engines, redis_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Setup]:
+    run_dir = tmp_path_factory.mktemp("doomed")
+    paths = Paths(
+        run=run_dir,
+        state=run_dir / "engine-state.json",
+        logs=run_dir / "logs",
+        python=Path(os.environ.get("ENGINE_PYTHON", ROOT / ".venv-engine" / "bin" / "python")),
+    )
+    chat = load_profile("cpu-tiny")
+
+    def say(message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    [doomed] = up([Launch(chat, 1, resolve_model(chat, None, paths), pool="doomed")],
+                  paths=paths, say=say, timeout_s=900)  # fmt: skip
+    live = engines.urls("tiny-chat")[0]
+    policy = run_dir / "policy.yaml"
+    policy.write_text(
+        f"""\
+version: 1
+state: {{redis_url: "{redis_url}"}}
+health: {{interval_s: 0.5, failures_to_unhealthy: 1000}}
+timeouts: {{first_byte_s: 6, idle_s: 6}}  # 4 engines share 2 cores here
+routing: {{strategy: round_robin}}
+resilience:
+  breaker: {{consecutive_failures: 2, open_s: 2}}
+  retries: {{attempts: 3, backoff_base_s: 0.01, backoff_max_s: 0.05}}
+pools:
+  pair: {{served_model: tiny, replicas: [{{url: "{doomed.url}"}}, {{url: "{live}"}}]}}
+  doomed-only: {{served_model: tiny, replicas: [{{url: "{doomed.url}"}}]}}
+  live-only: {{served_model: tiny, replicas: [{{url: "{live}"}}]}}
+models:
+  pair: {{pool: pair}}
+  doomed: {{pool: doomed-only, fallbacks: [live]}}
+  live: {{pool: live-only}}
+"""
+    )
+    try:
+        with running_gateway(policy, run_dir / "gateway.log") as gateway:
+            yield Setup(gateway, doomed, live)
+    finally:
+        if _alive(doomed.pid):
+            os.kill(doomed.pid, signal.SIGCONT)  # a frozen process cannot be stopped
+        down(paths, say=say)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    return True
+
+
+def sdk(gateway: Gateway) -> openai.OpenAI:
+    return openai.OpenAI(base_url=gateway.v1, api_key="unused", max_retries=0, timeout=60)
+
+
+def metrics(gateway: Gateway) -> str:
+    return httpx.get(f"{gateway.base_url}/metrics", timeout=10).text
+
+
+def ask(gateway: Gateway, model: str) -> dict[str, str]:
+    """One chat completion through the openai SDK; the response's headers."""
+    with sdk(gateway) as client:
+        raw = client.chat.completions.with_raw_response.create(
+            model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=4
+        )
+        assert raw.parse().choices
+        return {name.lower(): value for name, value in raw.headers.items()}
+
+
+def test_a_frozen_replica_is_retried_around_then_recovers(setup: Setup) -> None:
+    os.kill(setup.doomed.pid, signal.SIGSTOP)  # hangs: accepts connections, never answers
+    try:
+        attempts = [ask(setup.gateway, "pair").get("x-gateway-attempts", "1")
+                    for _ in range(6)]  # fmt: skip
+    finally:
+        os.kill(setup.doomed.pid, signal.SIGCONT)
+    assert "2" in attempts  # a first try timed out on the frozen one, the retry answered
+    assert 'state="open"' in metrics(setup.gateway)  # and its breaker opened
+    deadline = time.monotonic() + 30
+    while 'state="closed"' not in metrics(setup.gateway):  # open -> recovered
+        assert time.monotonic() < deadline, "the breaker never closed again"
+        ask(setup.gateway, "pair")
+        time.sleep(0.5)
+
+
+def test_a_client_going_away_frees_the_engine_slot(setup: Setup) -> None:
+    with httpx.stream(
+        "POST",
+        f"{setup.gateway.v1}/chat/completions",
+        json={"model": "live", "messages": [{"role": "user", "content": "go"}],
+              "max_tokens": 3000, "ignore_eos": True, "stream": True},
+        timeout=60,
+    ) as response:  # fmt: skip
+        assert response.status_code == 200
+        next(response.iter_lines())  # streaming has begun; now the client leaves
+    deadline = time.monotonic() + 5
+    while _running(setup.live_url) > 0:
+        assert time.monotonic() < deadline, "vLLM still generates for a client that left"
+        time.sleep(0.1)
+
+
+def _running(url: str) -> float:
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("vllm:num_requests_running")
+    )
+
+
+def test_a_replica_killed_mid_stream_ends_the_stream_with_an_error(setup: Setup) -> None:
+    with httpx.stream(
+        "POST",
+        f"{setup.gateway.v1}/chat/completions",
+        json={"model": "doomed", "messages": [{"role": "user", "content": "go"}],
+              "max_tokens": 3000, "ignore_eos": True, "stream": True},
+        timeout=60,
+    ) as response:  # fmt: skip
+        assert response.status_code == 200
+        lines = response.iter_lines()
+        first = next(line for line in lines if line.startswith("data: "))
+        assert '"choices"' in first
+        os.kill(setup.doomed.pid, signal.SIGKILL)
+        rest = list(lines)
+    events = [line for line in rest if line.startswith("data: ")]
+    assert events, "the stream ended silently"
+    assert '"error"' in events[-1]  # an OpenAI-style error event ...
+    assert "[DONE]" not in "".join(events)  # ... never a silent truncation
+    # The model whose only replica died is served by its fallback.
+    fallback = ask(setup.gateway, "doomed")
+    assert fallback["x-gateway-fallback"] == "live"
+    assert "x-gateway-replica" in ask(setup.gateway, "pair")
