@@ -55,15 +55,19 @@ def _free_port() -> int:
         return port
 
 
-@pytest.fixture(scope="session")
-def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engines]:
-    run_dir = tmp_path_factory.mktemp("engines")
-    paths = Paths(
+def engine_paths(run_dir: Path) -> Paths:
+    """Where engines started by a test keep their state file and logs."""
+    return Paths(
         run=run_dir,
         state=run_dir / "engine-state.json",
         logs=run_dir / "logs",
         python=Path(os.environ.get("ENGINE_PYTHON", ROOT / ".venv-engine" / "bin" / "python")),
     )
+
+
+@pytest.fixture(scope="session")
+def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engines]:
+    paths = engine_paths(tmp_path_factory.mktemp("engines"))
     if not paths.python.exists():
         pytest.fail(
             f"no engine environment at {paths.python}: run `make engine-env` (make test does)"

@@ -12,8 +12,8 @@ import signal
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from pathlib import Path
 
 import httpx
 import openai
@@ -22,8 +22,8 @@ import pytest
 from engine.cli import resolve_model
 from engine.profiles import load_profile
 from engine.state import ReplicaRecord
-from engine.supervisor import ROOT, Launch, Paths, down, up
-from tests.integration.conftest import Engines, Gateway, running_gateway
+from engine.supervisor import Launch, down, up
+from tests.integration.conftest import Engines, Gateway, engine_paths, running_gateway
 
 pytestmark = pytest.mark.engine
 
@@ -40,12 +40,7 @@ def setup(
     engines: Engines, redis_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Setup]:
     run_dir = tmp_path_factory.mktemp("doomed")
-    paths = Paths(
-        run=run_dir,
-        state=run_dir / "engine-state.json",
-        logs=run_dir / "logs",
-        python=Path(os.environ.get("ENGINE_PYTHON", ROOT / ".venv-engine" / "bin" / "python")),
-    )
+    paths = engine_paths(run_dir)
     chat = load_profile("cpu-tiny")
 
     def say(message: str) -> None:
@@ -126,14 +121,15 @@ def test_a_frozen_replica_is_retried_around_then_recovers(setup: Setup) -> None:
         time.sleep(0.5)
 
 
+def long_stream(gateway: Gateway, model: str) -> AbstractContextManager[httpx.Response]:
+    """A streamed answer long enough to still be running when the test acts."""
+    body = {"model": model, "messages": [{"role": "user", "content": "go"}],
+            "max_tokens": 3000, "ignore_eos": True, "stream": True}  # fmt: skip
+    return httpx.stream("POST", f"{gateway.v1}/chat/completions", json=body, timeout=60)
+
+
 def test_a_client_going_away_frees_the_engine_slot(setup: Setup) -> None:
-    with httpx.stream(
-        "POST",
-        f"{setup.gateway.v1}/chat/completions",
-        json={"model": "live", "messages": [{"role": "user", "content": "go"}],
-              "max_tokens": 3000, "ignore_eos": True, "stream": True},
-        timeout=60,
-    ) as response:  # fmt: skip
+    with long_stream(setup.gateway, "live") as response:
         assert response.status_code == 200
         next(response.iter_lines())  # streaming has begun; now the client leaves
     deadline = time.monotonic() + 5
@@ -152,13 +148,7 @@ def _running(url: str) -> float:
 
 
 def test_a_replica_killed_mid_stream_ends_the_stream_with_an_error(setup: Setup) -> None:
-    with httpx.stream(
-        "POST",
-        f"{setup.gateway.v1}/chat/completions",
-        json={"model": "doomed", "messages": [{"role": "user", "content": "go"}],
-              "max_tokens": 3000, "ignore_eos": True, "stream": True},
-        timeout=60,
-    ) as response:  # fmt: skip
+    with long_stream(setup.gateway, "doomed") as response:
         assert response.status_code == 200
         lines = response.iter_lines()
         first = next(line for line in lines if line.startswith("data: "))
