@@ -35,6 +35,7 @@ from gateway.policy import Policy
 from gateway.prefix_watch import RedisFingerprints
 from gateway.replicas import Fleet
 from gateway.request_log import RequestLog
+from gateway.resilience.response_cache import RedisResponseCache
 from gateway.responses.records import RedisResponseRecords
 from gateway.responses.service import ResponsesService
 from gateway.routing.build import build_router
@@ -95,6 +96,7 @@ def create_app(
                 cached_share=router.cached_share,
                 load_scorer=load_learned_router,
             ),
+            answers=RedisResponseCache(state.redis, ttl_s=policy.resilience.response_cache.ttl_s),
         )
         app.state.responses = ResponsesService(
             app.state.pipeline,

@@ -32,6 +32,7 @@ from gateway.relay import RelayResponse, ReplayedStream, StreamRelay
 from gateway.replicas import Fleet, Pool
 from gateway.request_log import RequestLog
 from gateway.resilience.dispatcher import Dispatch, Dispatcher, Outcome
+from gateway.resilience.response_cache import ResponseCache, cache_key
 from gateway.routing.blocks import conversation_key, request_blocks
 from gateway.routing.costs import RouteRequest
 from gateway.routing.router import Decision, Router
@@ -86,6 +87,7 @@ class Pipeline:
         sessions: SessionTurns | None = None,
         tiers: TierChooser | None = None,
         dispatcher: Dispatcher | None = None,
+        answers: ResponseCache | None = None,
     ) -> None:
         self._tiers = tiers or TierChooser(
             policy,
@@ -104,6 +106,8 @@ class Pipeline:
         self._metrics = metrics
         self._prefix_routing = policy.routing.strategy == "cache_aware"
         self._fail_closed = policy.sessions.on_store_outage == "fail_closed"
+        # Kept deterministic answers, the last fallback (when the policy turns it on).
+        self._answers = answers if policy.resilience.response_cache.enabled else None
         # One canonicaliser (and tool cache) per distinct setting, not per model alias.
         shared = Canonicalizer(policy.canonicalize)
         self._canonical = {
@@ -131,7 +135,14 @@ class Pipeline:
         )
         if choice.checks is not None:
             return await self._checked(request, route, context, choice, turn, hide_usage, notes)
-        choice, dispatch = await self._dispatch(choice, request, route, context)
+        answer_key = cache_key(request.body) if self._answers is not None else None
+        try:
+            choice, dispatch = await self._dispatch(choice, request, route, context)
+        except _CANNOT_ANSWER:
+            cached = await self._cached_answer(answer_key, request.model, choice, turn)
+            if cached is None:
+                raise
+            return cached
         headers = self._dispatched(request, route, choice, dispatch, notes)
         checkpoint = None
         if turn is not None:
@@ -139,7 +150,7 @@ class Pipeline:
             checkpoint = self._checkpointer(turn, request, choice, dispatch, context)
         if request.stream:
             return self._relay_stream(request, dispatch, headers, checkpoint, hide_usage)
-        return await self._relay_whole(request, dispatch, headers, checkpoint)
+        return await self._relay_whole(request, dispatch, headers, checkpoint, answer_key)
 
     async def _checked(
         self,
@@ -407,12 +418,31 @@ class Pipeline:
         dispatch: Dispatch,
         headers: dict[str, str],
         checkpoint: Checkpointer | None,
+        answer_key: str | None = None,
     ) -> Response:
         answer = await self._read_answer(request, dispatch)
         if checkpoint is not None:
             turn_number = await checkpoint(answer.reply, answer.usage)
             _report_turn(headers, turn_number)
+        if answer_key is not None and self._answers is not None:
+            await self._answers.put(answer_key, answer.payload)
         return Response(answer.payload, media_type=answer.media_type, headers=headers)
+
+    async def _cached_answer(
+        self, key: str | None, model: str, choice: TierChoice, turn: Turn | None
+    ) -> Response | None:
+        """The last fallback: this same deterministic request's kept answer."""
+        if key is None or self._answers is None:
+            return None
+        payload = await self._answers.get(key)
+        if payload is None:
+            return None
+        self._metrics.fallbacks.labels(model, "cache").inc()
+        headers = {**choice.header_values(), "X-Gateway-Fallback": "cache"}
+        if turn is not None:  # not a new answer of the engine: the turn is not kept
+            headers["X-Gateway-Session"] = turn.session.id
+            _report_turn(headers, None)
+        return Response(payload, media_type="application/json", headers=headers)
 
     def _relay_stream(
         self,

@@ -201,10 +201,20 @@ class AdmissionSpec(Strict):
     retry_after_s: int = Field(1, ge=1, description="Retry-After on the 429.")
 
 
+class ResponseCacheSpec(Strict):
+    enabled: bool = Field(
+        False,
+        description="Keep deterministic answers (temperature 0, one choice, not streamed) "
+        "and serve the same request's answer when nothing else can.",
+    )
+    ttl_s: int = Field(3600, ge=1, description="How long a kept answer can be served.")
+
+
 class ResilienceSpec(Strict):
     breaker: BreakerSpec = BreakerSpec()
     retries: RetrySpec = RetrySpec()
     admission: AdmissionSpec = AdmissionSpec()
+    response_cache: ResponseCacheSpec = ResponseCacheSpec()
 
 
 class StateSpec(Strict):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 
 import orjson
 import pytest
@@ -13,6 +14,7 @@ from gateway.pipeline import Pipeline, RequestContext
 from gateway.policy import Endpoint, Policy, parse_policy
 from gateway.prefix_watch import MemoryFingerprints
 from gateway.replicas import Fleet
+from gateway.resilience.response_cache import cache_key
 from gateway.routing.router import RoundRobinRouter
 from tests.fakes import Call, FakeUpstream, Scripted
 from tests.unit.clients import OpenGateways
@@ -189,3 +191,53 @@ async def test_a_full_pool_sheds_with_429_and_retry_after(mode: str) -> None:
     assert shed.value.status == 429
     assert shed.value.headers["Retry-After"] == "3"
     assert len(upstream.calls) == 1  # the full replica was not asked
+
+
+def test_the_kept_answer_of_a_deterministic_request_is_the_last_fallback(
+    redis_url: str, gateways: OpenGateways
+) -> None:
+    policy = parse_policy(
+        POLICY.replace("routing:", "  response_cache: {enabled: true, ttl_s: 60}\nrouting:")
+        + f"state: {{redis_url: '{redis_url}'}}\n"
+    )
+    up = {"a": Scripted(body=OK), "b": Scripted(body=OK), "spare": Scripted(body=OK)}
+    hosts = Hosts(up)
+    client, _ = gateways.open(policy, hosts)
+    question = f"deterministic {uuid.uuid4().hex}"
+    ask = {**ASK, "temperature": 0, "messages": [{"role": "user", "content": question}]}
+    first = client.post("/v1/chat/completions", json=ask)
+    assert first.status_code == 200
+    assert "x-gateway-fallback" not in first.headers
+    for name in up:  # now nothing can answer
+        hosts.scripts[name] = Scripted(connect_refused=True)
+    again = client.post("/v1/chat/completions", json=ask)
+    assert again.status_code == 200
+    assert again.headers["x-gateway-fallback"] == "cache"
+    assert again.content == first.content
+    # Sampled requests, and other questions, are never served from it.
+    sampled = client.post("/v1/chat/completions", json={**ask, "temperature": 0.7})
+    assert sampled.status_code == 503
+    other = {**ask, "messages": [{"role": "user", "content": "another"}]}
+    assert client.post("/v1/chat/completions", json=other).status_code == 503
+
+
+@pytest.mark.parametrize(
+    ("body", "keyed"),
+    [
+        ({"model": "m", "messages": [], "temperature": 0}, True),
+        ({"model": "m", "messages": [], "temperature": 0, "n": 1, "user": "u"}, True),
+        ({"model": "m", "messages": []}, False),
+        ({"model": "m", "messages": [], "temperature": 0, "stream": True}, False),
+        ({"model": "m", "messages": [], "temperature": 0, "n": 2}, False),
+    ],
+)
+def test_only_deterministic_requests_have_a_cache_key(body: dict[str, object], keyed: bool) -> None:
+    assert (cache_key(body) is not None) is keyed
+
+
+def test_the_cache_key_ignores_key_order_and_the_user() -> None:
+    one = {"model": "m", "temperature": 0, "messages": [{"role": "user", "content": "x"}]}
+    two = {"messages": [{"content": "x", "role": "user"}], "temperature": 0, "model": "m",
+           "user": "someone"}  # fmt: skip
+    assert cache_key(one) == cache_key(two)
+    assert cache_key(one) != cache_key({**one, "model": "other"})
