@@ -8,12 +8,13 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: run test check lint typecheck unit integration engine-env schema engine-validate clean help bench-routing bench-sessions bench-tiers
+.PHONY: run test check lint typecheck unit integration engine-env schema engine-validate clean help bench-routing bench-sessions bench-tiers bench-faults
 
 help:
 	@echo "make run    - engines + gateway on http://127.0.0.1:8080 (Ctrl-C stops all)"
 	@echo "make test   - the whole suite: lint, types, unit, contract and real-vLLM integration"
 	@echo "make schema - regenerate policies/policy.schema.json from the policy models"
+	@echo "make bench-faults  - 200 streaming clients, a replica killed and restarted (about 2 min)"
 	@echo "make bench-tiers   - learned tier router on RouteLLM labels, held out by group (about 3 min)"
 	@echo "make bench-routing - trace replay, routing overhead, tau-bench on real vLLM (about 15 min)"
 
@@ -72,6 +73,10 @@ bench-sessions: $(STAMP)
 # The learned tier router on RouteLLM labels, held out by group (about 3 min).
 bench-tiers: $(STAMP)
 	@$(BIN)/python -m tests.bench.route_eval
+
+# 200 streaming clients for 60 s, one replica killed at 20 s and restarted at 40 s.
+bench-faults: $(STAMP)
+	@$(BIN)/python -m tests.fault.load_run
 
 schema: $(STAMP)
 	@$(BIN)/gateway policy schema --out policies/policy.schema.json

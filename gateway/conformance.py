@@ -26,14 +26,19 @@ def _drop_nulls(obj: dict[str, Any], keep: frozenset[str] = frozenset()) -> bool
     return bool(nulls)
 
 
+class NotAnAnswer(ValueError):
+    """An engine's 200 whose body is not a JSON object: no answer at all."""
+
+
 def conform_response(payload: bytes) -> bytes:
-    """Return the payload with schema-breaking nulls removed (the same bytes if none)."""
+    """Return the payload with schema-breaking nulls removed (the same bytes if none).
+    Raises NotAnAnswer when it is not a JSON object (a proxy's HTML page, a cut body)."""
     try:
         body = orjson.loads(payload)
     except orjson.JSONDecodeError:
-        return payload
+        raise NotAnAnswer(f"not JSON: {payload[:80]!r}") from None
     if not isinstance(body, dict):
-        return payload
+        raise NotAnAnswer(f"not a JSON object: {payload[:80]!r}")
     changed = False
     usage = body.get("usage")
     if isinstance(usage, dict):

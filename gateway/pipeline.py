@@ -15,7 +15,7 @@ from typing import Any
 from starlette.responses import Response
 
 from gateway.canonical import Canonicalizer, Fingerprint, fingerprint
-from gateway.conformance import conform_event, conform_response
+from gateway.conformance import NotAnAnswer, conform_event, conform_response
 from gateway.errors import (
     InvalidRequest,
     NoHealthyReplica,
@@ -242,6 +242,9 @@ class Pipeline:
             outcome = "failed"
             response.abort()
             raise
+        except NotAnAnswer as exc:
+            outcome = "failed"
+            raise UpstreamError(f"The engine answered 200 without an answer ({exc}).") from None
         finally:
             dispatch.finish(outcome)
 
@@ -500,7 +503,8 @@ async def _read_stream(
             if collector.feed(event) and hide_usage:
                 continue
             events.append(conform_event(event) if conform else event)
-    events.append(framer.flush())
+    if not collector.done:  # the body ended, the stream did not: an answer cut short
+        raise UpstreamError("The engine's stream ended without [DONE].")
     response.release()
     return Answer(collector.message(), collector.usage, events=events)
 

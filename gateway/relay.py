@@ -23,7 +23,7 @@ from gateway.errors import GatewayError, UpstreamError, UpstreamTimeout
 from gateway.replicas import Replica
 from gateway.sessions.checkpoints import Message
 from gateway.sessions.replies import ReplyCollector
-from gateway.sse import SSEFramer, data_event
+from gateway.sse import SSEFramer, data_event, is_done
 from gateway.upstream import UpstreamResponse
 
 log = logging.getLogger(__name__)
@@ -58,6 +58,7 @@ class StreamRelay:
         self._deadline = deadline
         self._idle_s = idle_s
         self._finished = False
+        self._saw_done = False
         self._closed = False
 
     async def events(self) -> AsyncIterator[bytes]:
@@ -78,11 +79,16 @@ class StreamRelay:
                     yield stream_error(exc)
                     return
                 if not chunk:
-                    self._finished = True
-                    if rest := framer.flush():
-                        yield rest
+                    if self._saw_done:
+                        self._finished = True
+                        return
+                    # The body ended and the stream did not: never a silent truncation.
+                    self._broken = True
+                    log.warning("stream from %s ended without [DONE]", self.replica.id)
+                    yield stream_error(UpstreamError("The engine's stream ended without [DONE]."))
                     return
                 for event in framer.feed(chunk):
+                    self._saw_done = self._saw_done or is_done(event)
                     if self._reply is not None and not self._reply.done:
                         usage_only = self._reply.feed(event)
                         if self._reply.done and self._on_done is not None:

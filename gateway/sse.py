@@ -77,5 +77,12 @@ def chat_chunks(event: bytes) -> Iterator[dict[str, Any] | object]:
             yield chunk
 
 
+def is_done(event: bytes) -> bool:
+    """Whether this event is the stream's last, `data: [DONE]`."""
+    return b"[DONE]" in event and any(
+        line.strip() in (b"data: [DONE]", b"data:[DONE]") for line in event.splitlines()
+    )
+
+
 def data_event(payload: bytes) -> bytes:
     return b"data: " + payload + b"\n\n"

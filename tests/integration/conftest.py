@@ -42,6 +42,7 @@ class Gateway:
     base_url: str  # http://127.0.0.1:PORT
     log: Path
     policy: Path
+    pid: int = 0
 
     @property
     def v1(self) -> str:
@@ -155,7 +156,7 @@ def running_gateway(policy: Path, log: Path, port: int | None = None) -> Iterato
                 if time.monotonic() > deadline:
                     pytest.fail(f"gateway did not start:\n{log.read_text()}")
                 time.sleep(0.2)
-        yield Gateway(base, log, policy)
+        yield Gateway(base, log, policy, proc.pid)
     finally:
         proc.terminate()
         proc.wait(timeout=30)

@@ -11,9 +11,11 @@ import os
 import signal
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import openai
@@ -163,3 +165,34 @@ def test_a_replica_killed_mid_stream_ends_the_stream_with_an_error(setup: Setup)
     fallback = ask(setup.gateway, "doomed")
     assert fallback["x-gateway-fallback"] == "live"
     assert "x-gateway-replica" in ask(setup.gateway, "pair")
+
+
+def test_a_gateway_stopped_mid_stream_drains_and_the_session_resumes(
+    setup: Setup, tmp_path: Path
+) -> None:
+    """SIGTERM while a session turn streams: the stream still completes and is kept; a
+    restarted gateway continues the session from Redis in delta mode."""
+    session = {"X-Session-Id": f"drain-{uuid.uuid4().hex}"}
+    turn = {"model": "live", "messages": [{"role": "user", "content": "plan my trip"}],
+            "max_tokens": 200, "ignore_eos": True}  # fmt: skip
+    with running_gateway(setup.gateway.policy, tmp_path / "first.log") as first:
+        created = httpx.post(f"{first.v1}/chat/completions", json=turn, headers=session,
+                             timeout=60)  # fmt: skip
+        assert created.headers["x-gateway-session-turn"] == "1"
+        with httpx.stream("POST", f"{first.v1}/chat/completions", timeout=60,
+                          json={**turn, "stream": True}, headers=session) as stream:  # fmt: skip
+            lines = stream.iter_lines()
+            assert next(line for line in lines if line.startswith("data: "))
+            os.kill(first.pid, signal.SIGTERM)  # mid-stream: stop accepting, drain
+            rest = [line for line in lines if line.startswith("data: ")]
+        assert rest[-1] == "data: [DONE]"  # the stream ran to its end
+    with running_gateway(setup.gateway.policy, tmp_path / "second.log") as second:
+        resumed = httpx.post(
+            f"{second.v1}/chat/completions",
+            json={"model": "live", "messages": [{"role": "user", "content": "and back?"}],
+                  "max_tokens": 4},
+            headers={**session, "X-Context-Mode": "delta"},
+            timeout=60,
+        )  # fmt: skip
+        assert resumed.status_code == 200, resumed.text
+        assert resumed.headers["x-gateway-session-turn"] == "3"

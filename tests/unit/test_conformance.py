@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import orjson
+import pytest
 
-from gateway.conformance import conform_event, conform_response
+from gateway.conformance import NotAnAnswer, conform_event, conform_response
 
 
 def test_forbidden_nulls_are_dropped_and_meaningful_nulls_kept() -> None:
@@ -70,4 +71,7 @@ def test_other_events_pass_untouched() -> None:
 
 
 def test_non_json_answers_pass_untouched() -> None:
-    assert conform_response(b"not json") == b"not json"
+    with pytest.raises(NotAnAnswer):
+        conform_response(b"not json")
+    with pytest.raises(NotAnAnswer):
+        conform_response(b"[1, 2]")
