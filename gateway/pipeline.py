@@ -122,7 +122,13 @@ class Pipeline:
         self._tiers.check_model(request.model, endpoint)
         session = self._session_of(request, context)
         turn, request, degraded = await self._hydrate(request, session, context)
-        notes = {"X-Gateway-Degraded": "checkpoint"} if degraded else {}
+        notes: dict[str, str] = {}
+        if degraded and session is not None:  # served, not kept: the client is told
+            notes = {
+                "X-Gateway-Session": session.id,
+                "X-Gateway-Session-Turn": "unsaved",
+                "X-Gateway-Degraded": "checkpoint",
+            }
         request, hide_usage = _with_usage_for_checkpoint(request, turn)
         request, tools_json = self._canonicalise(request)
         if prefix_changes := await self._prefix_changes(request, session):

@@ -82,6 +82,7 @@ async def test_fail_open_serves_the_turn_unsaved_and_says_so(reads: bool) -> Non
     response = await pipeline("fail_open", reads=reads).handle(Endpoint.chat, ask(), CONTEXT)
     assert response.status_code == 200
     assert response.headers["x-gateway-degraded"] == "checkpoint"
+    assert response.headers["x-gateway-session-turn"] == "unsaved"
     assert orjson.loads(bytes(response.body))["choices"][0]["message"]["content"] == "fine"
 
 
