@@ -35,6 +35,7 @@ from gateway.policy import Policy
 from gateway.prefix_watch import RedisFingerprints
 from gateway.replicas import Fleet
 from gateway.request_log import RequestLog
+from gateway.resilience.dispatcher import Dispatcher
 from gateway.resilience.response_cache import RedisResponseCache
 from gateway.responses.records import RedisResponseRecords
 from gateway.responses.service import ResponsesService
@@ -95,6 +96,9 @@ def create_app(
                 memory=RedisSessionTiers(state.redis),
                 cached_share=router.cached_share,
                 load_scorer=load_learned_router,
+            ),
+            dispatcher=Dispatcher(
+                policy, router, client, metrics, engine_load=scraper.get if scraper else None
             ),
             answers=RedisResponseCache(state.redis, ttl_s=policy.resilience.response_cache.ttl_s),
         )

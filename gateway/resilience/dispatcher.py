@@ -29,6 +29,7 @@ from tenacity import (
     RetryCallState,
     retry_if_exception_type,
     stop_after_attempt,
+    stop_before_delay,
     wait_random_exponential,
 )
 
@@ -145,17 +146,14 @@ class Dispatcher:
         headers: dict[str, str],
         route: RouteRequest,
     ) -> Dispatch:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._policy.timeouts.total_s
+        total_s = self._policy.timeouts.total_s
+        deadline = asyncio.get_running_loop().time() + total_s
         retries = self._policy.resilience.retries
         tried: set[Replica] = set()
         attempts = 0
-
-        def before_deadline(state: RetryCallState) -> bool:
-            return loop.time() + _wait_of(state, retries) >= deadline
-
         retrying = AsyncRetrying(
-            stop=stop_after_attempt(retries.attempts) | before_deadline,  # type: ignore[operator]
+            # No try starts after the request's deadline, however many are left.
+            stop=stop_after_attempt(retries.attempts) | stop_before_delay(total_s),
             wait=lambda state: _wait_of(state, retries),
             retry=retry_if_exception_type(_Retryable),
             reraise=True,

@@ -14,8 +14,9 @@ from gateway.pipeline import Pipeline, RequestContext
 from gateway.policy import Endpoint, Policy, parse_policy
 from gateway.prefix_watch import MemoryFingerprints
 from gateway.replicas import Fleet
+from gateway.resilience.dispatcher import Dispatcher
 from gateway.resilience.response_cache import cache_key
-from gateway.routing.router import RoundRobinRouter
+from gateway.routing.router import EngineLoad, RoundRobinRouter
 from tests.fakes import Call, FakeUpstream, Scripted
 from tests.unit.clients import OpenGateways
 
@@ -241,3 +242,27 @@ def test_the_cache_key_ignores_key_order_and_the_user() -> None:
            "user": "someone"}  # fmt: skip
     assert cache_key(one) == cache_key(two)
     assert cache_key(one) != cache_key({**one, "model": "other"})
+
+
+async def test_an_engine_whose_own_queue_is_full_counts_as_full() -> None:
+    policy = parse_policy(POLICY.replace("routing: {strategy: round_robin}",
+                                         "routing: {strategy: round_robin, max_waiting: 4}"))  # fmt: skip
+    upstream = FakeUpstream(lambda call: Scripted(body=OK))
+    metrics = GatewayMetrics()
+    queues = {"http://a.test:1": EngineLoad(waiting=4), "http://b.test:1": EngineLoad(waiting=0)}
+    router = RoundRobinRouter()
+    pipeline = Pipeline(
+        policy, Fleet(policy), router, upstream, fingerprints=MemoryFingerprints(),
+        metrics=metrics,
+        dispatcher=Dispatcher(policy, router, upstream, metrics, engine_load=queues.get),
+    )  # fmt: skip
+    body = orjson.dumps(ASK)
+    for _ in range(3):  # only `b` has room
+        await pipeline.handle(Endpoint.chat, body, RequestContext("r"))
+    assert {host(call) for call in upstream.calls} == {"b"}
+    queues["http://b.test:1"] = EngineLoad(waiting=9)  # now every engine of `main` is full
+    shed = await pipeline.handle(Endpoint.chat, body, RequestContext("r"))
+    assert shed.headers["x-gateway-fallback"] == "spare"  # shed from main, served by its fallback
+    queues["http://spare.test:1"] = EngineLoad(waiting=4)
+    with pytest.raises(Overloaded):
+        await pipeline.handle(Endpoint.chat, body, RequestContext("r"))
