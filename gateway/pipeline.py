@@ -6,7 +6,6 @@ that owns it.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
@@ -14,15 +13,14 @@ from typing import Any
 
 from starlette.responses import Response
 
+from gateway.answers import Answer, read_answer
 from gateway.canonical import Canonicalizer, Fingerprint, fingerprint
-from gateway.conformance import NotAnAnswer, conform_event, conform_response
 from gateway.errors import (
     InvalidRequest,
     NoHealthyReplica,
     OutputCheckFailed,
     Overloaded,
     UpstreamError,
-    UpstreamTimeout,
 )
 from gateway.inbound import InboundRequest, parse_request
 from gateway.metrics import GatewayMetrics
@@ -31,20 +29,18 @@ from gateway.prefix_watch import FingerprintStore
 from gateway.relay import RelayResponse, ReplayedStream, StreamRelay
 from gateway.replicas import Fleet, Pool
 from gateway.request_log import RequestLog
-from gateway.resilience.dispatcher import Dispatch, Dispatcher, Outcome
+from gateway.resilience.dispatcher import Dispatch, Dispatcher
 from gateway.resilience.response_cache import ResponseCache, cache_key
 from gateway.routing.blocks import conversation_key, request_blocks
 from gateway.routing.costs import RouteRequest
 from gateway.routing.router import Decision, Router
 from gateway.sessions.checkpoints import Message
 from gateway.sessions.keys import SessionRef, session_for
-from gateway.sessions.replies import ReplyCollector, reply_from_completion
 from gateway.sessions.store import StateUnavailable
 from gateway.sessions.turns import SessionTurns, Turn, context_mode
-from gateway.sse import SSEFramer
 from gateway.tiering.chooser import TierChoice, TierChooser, load_learned_router
 from gateway.tiering.memory import MemorySessionTiers
-from gateway.upstream import Upstream, UpstreamResponse
+from gateway.upstream import Upstream
 
 # Called with the turn's reply and usage once it completed; returns the turn's number.
 Checkpointer = Callable[[Message | None, dict[str, Any] | None], Awaitable[int | None]]
@@ -223,36 +219,14 @@ class Pipeline:
     async def _read_answer(
         self, request: InboundRequest, dispatch: Dispatch, hide_usage: bool = False
     ) -> Answer:
-        """The whole answer, streamed or not, and the reply it holds."""
-        response = dispatch.response
-        outcome: Outcome = "released"  # cancelled: the client went away
-        try:
-            async with asyncio.timeout_at(dispatch.deadline):
-                if not request.stream:
-                    payload = conform_response(await response.read())
-                    reply, usage = reply_from_completion(payload)
-                    answer = Answer(reply, usage, payload, response.content_type)
-                else:
-                    conform = bool(request.body.get("logprobs"))
-                    idle_s = self._policy.timeouts.idle_s
-                    answer = await _read_stream(response, hide_usage, conform, idle_s)
-            outcome = "ok"
-            return answer
-        except TimeoutError:
-            outcome = "failed"
-            response.abort()
-            raise UpstreamTimeout(
-                "The engine did not finish within the request deadline."
-            ) from None
-        except UpstreamError:
-            outcome = "failed"
-            response.abort()
-            raise
-        except NotAnAnswer as exc:
-            outcome = "failed"
-            raise UpstreamError(f"The engine answered 200 without an answer ({exc}).") from None
-        finally:
-            dispatch.finish(outcome)
+        return await read_answer(
+            dispatch,
+            stream=request.stream,
+            hide_usage=hide_usage,
+            # Only logprobs chunks need fixing; every other answer passes byte for byte.
+            conform=bool(request.body.get("logprobs")),
+            idle_s=self._policy.timeouts.idle_s,
+        )
 
     def _session_of(self, request: InboundRequest, context: RequestContext) -> SessionRef | None:
         if context.session is not None:
@@ -479,40 +453,6 @@ def _report_turn(headers: dict[str, str], turn_number: int | None) -> None:
     headers["X-Gateway-Session-Turn"] = str(turn_number) if turn_number else "unsaved"
     if not turn_number:
         headers["X-Gateway-Degraded"] = "checkpoint"
-
-
-@dataclass(frozen=True)
-class Answer:
-    """An answer read whole: the reply it holds, and what the client gets: the body of a
-    completion, or the events of a stream."""
-
-    reply: Message | None
-    usage: dict[str, Any] | None
-    payload: bytes = b""
-    media_type: str = "application/json"
-    events: list[bytes] | None = None
-
-
-async def _read_stream(
-    response: UpstreamResponse, hide_usage: bool, conform: bool, idle_s: float
-) -> Answer:
-    framer, collector, events = SSEFramer(), ReplyCollector(), []
-    while True:
-        try:
-            async with asyncio.timeout(idle_s):
-                chunk = await response.next_chunk()
-        except TimeoutError:
-            raise UpstreamTimeout("The engine stopped sending mid-stream.") from None
-        if not chunk:
-            break
-        for event in framer.feed(chunk):
-            if collector.feed(event) and hide_usage:
-                continue
-            events.append(conform_event(event) if conform else event)
-    if not collector.done:  # the body ended, the stream did not: an answer cut short
-        raise UpstreamError("The engine's stream ended without [DONE].")
-    response.release()
-    return Answer(collector.message(), collector.usage, events=events)
 
 
 def _with_usage_for_checkpoint(

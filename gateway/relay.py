@@ -2,9 +2,10 @@
 
 Each event is forwarded as soon as it is complete; nothing is buffered beyond one event.
 After the first byte, failures travel in-stream as OpenAI sends them, and the engine
-request is aborted (its connection dropped) unless it ended normally. The replica's
-in-flight slot is given back exactly once, whether the stream ends, breaks, the client
-goes away mid-stream, or the response is cancelled before its first byte.
+request is aborted (its connection dropped) unless it ended normally. `on_end` gives the
+replica's slot back, with the stream's outcome for its breaker, exactly once, whether the
+stream ends, breaks, the client goes away mid-stream, or the response is cancelled before
+its first byte.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, Literal
+from typing import Any
 
 import orjson
 from starlette.responses import StreamingResponse
@@ -21,6 +22,7 @@ from starlette.types import Receive, Scope, Send
 from gateway.conformance import conform_event
 from gateway.errors import GatewayError, UpstreamError, UpstreamTimeout
 from gateway.replicas import Replica
+from gateway.resilience.dispatcher import Outcome
 from gateway.sessions.checkpoints import Message
 from gateway.sessions.replies import ReplyCollector
 from gateway.sse import SSEFramer, data_event, is_done
@@ -42,7 +44,7 @@ class StreamRelay:
         conform: bool = False,
         on_done: Callable[[Message | None, dict[str, Any] | None], Awaitable[object]] | None = None,
         hide_usage: bool = False,
-        on_end: Callable[[Literal["ok", "failed", "released"]], None] | None = None,
+        on_end: Callable[[Outcome], None],
     ) -> None:
         self.replica = replica
         # Gives the replica's slot back and tells its breaker how the stream ended.
@@ -108,10 +110,7 @@ class StreamRelay:
         if self._closed:
             return
         self._closed = True
-        if self._on_end is not None:
-            self._on_end("ok" if self._finished else "failed" if self._broken else "released")
-        else:
-            self.replica.inflight -= 1
+        self._on_end("ok" if self._finished else "failed" if self._broken else "released")
         if self._finished:
             self._response.release()
         else:

@@ -21,7 +21,7 @@ from datetime import UTC, datetime, timedelta
 
 import pybreaker
 
-from gateway.policy.schema import BreakerSpec
+from gateway.policy.resilience import BreakerSpec
 
 # Called on every state change: (replica id, old state, new state).
 StateChange = Callable[[str, str, str], None]

@@ -21,7 +21,7 @@ import asyncio
 import logging
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 from tenacity import (
@@ -43,7 +43,7 @@ from gateway.errors import (
 )
 from gateway.metrics import GatewayMetrics
 from gateway.policy import Policy
-from gateway.policy.schema import RetrySpec
+from gateway.policy.resilience import RetrySpec
 from gateway.replicas import Pool, Replica
 from gateway.resilience.breaker import ReplicaBreaker
 from gateway.routing.costs import RouteRequest
@@ -56,14 +56,35 @@ Outcome = Literal["ok", "failed", "released"]
 
 
 @dataclass
+class _Slot:
+    """A request's place at a replica: its in-flight count and, while the breaker is
+    half-open, its trial. Given back exactly once, with the outcome the breaker records."""
+
+    replica: Replica
+    breaker: ReplicaBreaker
+    trial: bool
+    done: bool = False
+
+    def give_back(self, outcome: Outcome) -> None:
+        if self.done:
+            return
+        self.done = True
+        self.replica.inflight -= 1
+        if outcome == "ok":
+            self.breaker.succeeded(self.trial)
+        elif outcome == "failed":
+            self.breaker.failed(self.trial)
+        else:
+            self.breaker.released(self.trial)
+
+
+@dataclass
 class Dispatch:
     decision: Decision
     response: UpstreamResponse
-    deadline: float
-    _breaker: ReplicaBreaker
-    _trial: bool
+    _slot: _Slot
+    deadline: float = 0.0
     attempts: int = 1
-    _done: bool = field(default=False, repr=False)
 
     @property
     def replica(self) -> Replica:
@@ -80,16 +101,19 @@ class Dispatch:
 
     def finish(self, outcome: Outcome) -> None:
         """The answer was read (ok), broke (failed) or was abandoned by the client."""
-        if self._done:
-            return
-        self._done = True
-        self.replica.inflight -= 1
-        if outcome == "ok":
-            self._breaker.succeeded(self._trial)
-        elif outcome == "failed":
-            self._breaker.failed(self._trial)
-        else:
-            self._breaker.released(self._trial)
+        self._slot.give_back(outcome)
+
+
+@dataclass(frozen=True)
+class _Outbound:
+    """What is sent, the same on every try."""
+
+    pool: Pool
+    model: str
+    path: str
+    body: bytes
+    headers: dict[str, str]
+    route: RouteRequest
 
 
 class _Retryable(Exception):
@@ -148,6 +172,7 @@ class Dispatcher:
     ) -> Dispatch:
         total_s = self._policy.timeouts.total_s
         deadline = asyncio.get_running_loop().time() + total_s
+        outbound = _Outbound(pool, model, path, body, headers, route)
         retries = self._policy.resilience.retries
         tried: set[Replica] = set()
         attempts = 0
@@ -164,85 +189,85 @@ class Dispatcher:
                     attempts += 1
                     if attempts > 1:
                         self._metrics.retries.labels(pool.name).inc()
-                    dispatch = await self._try(pool, model, path, body, headers, route, tried)
+                    dispatch = await self._try(outbound, tried)
                     dispatch.deadline, dispatch.attempts = deadline, attempts
                     return dispatch
         except _Retryable as exc:
             raise exc.error from None
         raise AssertionError("unreachable: tenacity either returns or raises")
 
-    async def _try(
-        self,
-        pool: Pool,
-        model: str,
-        path: str,
-        body: bytes,
-        headers: dict[str, str],
-        route: RouteRequest,
-        tried: set[Replica],
-    ) -> Dispatch:
-        candidates = await self._admitted(pool, model)
+    async def _try(self, outbound: _Outbound, tried: set[Replica]) -> Dispatch:
+        model = outbound.model
+        candidates = await self._admitted(outbound.pool, model)
         # Another replica when one exists; the same ones again only when none is left.
         exclude = frozenset(tried) if any(r not in tried for r in candidates) else frozenset()
-        decision = self._router.choose(candidates, route, exclude)
+        decision = self._router.choose(candidates, outbound.route, exclude)
         if decision is None:
             raise self._none_healthy(model)
         replica = decision.replica
         tried.add(replica)
         breaker = self._breakers.of(replica)
         # Recorded before sending, so a burst sharing a new prefix sees where it went.
-        self._router.dispatched(decision, route)
+        self._router.dispatched(decision, outbound.route)
         replica.inflight += 1
-        trial = breaker.started()
+        slot = _Slot(replica, breaker, breaker.started())
         timeouts = self._policy.timeouts
         try:
             async with asyncio.timeout(timeouts.first_byte_s):
                 response = await self._upstream.post(
-                    replica.url + path, body, headers, connect_timeout_s=timeouts.connect_s
+                    replica.url + outbound.path,
+                    outbound.body,
+                    outbound.headers,
+                    connect_timeout_s=timeouts.connect_s,
                 )
                 payload = await response.read() if response.status != 200 else b""
         except ConnectFailed as exc:
-            replica.inflight -= 1
-            breaker.failed(trial)
+            slot.give_back("failed")
             replica.mark_down(exc.message)
             raise _Retryable(self._none_healthy(model)) from exc
-        except (TimeoutError, UpstreamError) as exc:
-            replica.inflight -= 1
-            breaker.failed(trial)
-            error = (
-                exc
-                if isinstance(exc, UpstreamError)
-                else UpstreamTimeout(
-                    f"The engine did not start answering within {timeouts.first_byte_s:g}s."
-                )
-            )
+        except TimeoutError as exc:
+            slot.give_back("failed")
+            waited = f"{timeouts.first_byte_s:g}s"
+            error = UpstreamTimeout(f"The engine did not start answering within {waited}.")
             raise _Retryable(error) from exc
+        except UpstreamError as exc:
+            slot.give_back("failed")
+            raise _Retryable(exc) from exc
         except BaseException:
-            replica.inflight -= 1
-            breaker.released(trial)
+            slot.give_back("released")
             raise
         if response.status != 200:
-            replica.inflight -= 1
-            refusal = upstream_error_from_body(response.status, payload)
-            if response.status >= 500:
-                breaker.failed(trial)
-                replica.mark_failed(
-                    f"answered HTTP {response.status}",
-                    threshold=self._policy.health.failures_to_unhealthy,
-                )
-            else:
-                breaker.succeeded(trial)  # alive: a 4xx (or a 429) is not the engine failing
-            retry_after = _seconds(response.retry_after)
-            if response.status == 429:  # the engine is busy, not the client wrong
-                wait = retry_after or self._policy.resilience.admission.retry_after_s
-                refusal = Overloaded(
-                    f"The engines of model `{model}` are busy ({refusal.message}); retry shortly.",
-                    retry_after_s=max(1, math.ceil(wait)),
-                )
-            if response.status in self._policy.resilience.retries.on_status:
-                raise _Retryable(refusal, retry_after)
-            raise refusal
-        return Dispatch(decision, response, 0.0, breaker, trial)
+            raise self._refusal(model, replica, slot, response, payload)
+        return Dispatch(decision, response, slot)
+
+    def _refusal(
+        self,
+        model: str,
+        replica: Replica,
+        slot: _Slot,
+        response: UpstreamResponse,
+        payload: bytes,
+    ) -> Exception:
+        """The error an engine's non-200 answer becomes: retried when its status is."""
+        refusal: GatewayError = upstream_error_from_body(response.status, payload)
+        if response.status >= 500:
+            slot.give_back("failed")
+            replica.mark_failed(
+                f"answered HTTP {response.status}",
+                threshold=self._policy.health.failures_to_unhealthy,
+            )
+        else:
+            slot.give_back("ok")  # alive: a 4xx (or a 429) is not the engine failing
+        retry_after = _seconds(response.retry_after)
+        if response.status == 429:  # the engine is busy, not the client wrong
+            wait = retry_after or self._policy.resilience.admission.retry_after_s
+            refusal = Overloaded(
+                f"The engines of model `{model}` are busy ({refusal.message}); retry shortly.",
+                retry_after_s=max(1, math.ceil(wait)),
+            )
+        if response.status in self._policy.resilience.retries.on_status:
+            return _Retryable(refusal, retry_after)
+        return refusal
 
     async def _admitted(self, pool: Pool, model: str) -> list[Replica]:
         """The replicas a request may go to now; waits for room or sheds, per policy."""

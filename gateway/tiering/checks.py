@@ -17,7 +17,7 @@ import orjson
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
-from gateway.policy.schema import GuardrailSpec
+from gateway.policy.tiering import GuardrailSpec
 from gateway.sessions.checkpoints import Message
 
 

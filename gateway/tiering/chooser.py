@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from gateway.errors import ModelNotFound
 from gateway.policy import Endpoint, Policy
-from gateway.policy.schema import TieringSpec
+from gateway.policy.tiering import TieringSpec
 from gateway.replicas import Fleet, Pool, Replica
 from gateway.routing.costs import RouteRequest
 from gateway.tiering.checks import OutputChecks, checks_for

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.policy import Policy
-from gateway.policy.schema import RuleWhen, TierRule
+from gateway.policy.tiering import RuleWhen, TierRule
 
 _BYTES_PER_TOKEN = 4
 _SCALARS = frozenset({"string", "number", "integer", "boolean", "null"})

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from gateway.policy.schema import BreakerSpec
+from gateway.policy.resilience import BreakerSpec
 from gateway.resilience.breaker import ReplicaBreaker
 
 

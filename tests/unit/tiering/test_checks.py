@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from gateway.policy.schema import GuardrailSpec
+from gateway.policy.tiering import GuardrailSpec
 from gateway.tiering.checks import OutputChecks, checks_for
 
 LABEL = {

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from gateway.policy import parse_policy
-from gateway.policy.schema import RuleWhen, TierRule
+from gateway.policy.tiering import RuleWhen, TierRule
 from gateway.tiering.rules import Rules, facts_of, policy_fixed_tier, response_format_kinds
 
 
