@@ -8,12 +8,14 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: run test check lint typecheck unit integration engine-env schema engine-validate clean help bench-routing bench-sessions bench-tiers bench-faults
+.PHONY: run test check lint typecheck unit integration engine-env schema engine-validate clean help bench-routing bench-sessions bench-tiers bench-faults bench-telemetry traces browser phoenix-env
 
 help:
 	@echo "make run    - engines + gateway on http://127.0.0.1:8080 (Ctrl-C stops all)"
 	@echo "make test   - the whole suite: lint, types, unit, contract and real-vLLM integration"
 	@echo "make schema - regenerate policies/policy.schema.json from the policy models"
+	@echo "make traces - make run, every request traced to Arize Phoenix on http://127.0.0.1:6006"
+	@echo "make bench-telemetry - tracing's cost per request, end to end (about 3 min)"
 	@echo "make bench-faults  - 200 streaming clients, a replica killed and restarted (about 2 min)"
 	@echo "make bench-tiers   - learned tier router on RouteLLM labels, held out by group (about 3 min)"
 	@echo "make bench-routing - trace replay, routing overhead, tau-bench on real vLLM (about 15 min)"
@@ -43,13 +45,24 @@ typecheck: $(STAMP)
 
 check: lint typecheck
 
-unit: $(STAMP)
+unit: $(STAMP) phoenix-env
 	@$(BIN)/pytest tests --ignore=tests/integration -q
 
-integration: $(STAMP) engine-env
+integration: $(STAMP) engine-env browser phoenix-env
 	@$(BIN)/pytest tests/integration -v
 
-test: $(STAMP) engine-env check
+# Headless Chromium from Debian, for the dashboard's browser tests (Playwright drives it;
+# no browser is downloaded).
+browser:
+	@command -v chromium >/dev/null || { echo "setup: installing Debian's chromium"; \
+	  apt-get install -y -qq chromium >/dev/null 2>&1 \
+	  || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }; }
+
+# Arize Phoenix, the real OTLP trace receiver of the trace tests (cached like vLLM's env).
+phoenix-env:
+	@bash deploy/observability/phoenix-env.sh
+
+test: $(STAMP) engine-env browser phoenix-env check
 	@$(BIN)/pytest -v --durations=10
 
 MOONCAKE := ../shared/data/mooncake/synthetic_trace.jsonl
@@ -74,6 +87,10 @@ bench-sessions: $(STAMP)
 bench-tiers: $(STAMP)
 	@$(BIN)/python -m tests.bench.route_eval
 
+# What telemetry costs a request: tracing off, at the default sampling, every request traced.
+bench-telemetry: $(STAMP)
+	@$(BIN)/python -m tests.bench.telemetry_overhead
+
 # 200 streaming clients for 60 s, one replica killed at 20 s and restarted at 40 s.
 bench-faults: $(STAMP)
 	@$(BIN)/python -m tests.fault.load_run
@@ -85,4 +102,8 @@ engine-validate: $(STAMP) engine-env
 	@$(BIN)/engine validate
 
 clean:
-	rm -rf .run $(VENV) .venv-engine .mypy_cache .ruff_cache .pytest_cache
+	rm -rf .run $(VENV) .venv-engine .venv-phoenix .mypy_cache .ruff_cache .pytest_cache
+
+# `make run` with every request traced to a local Arize Phoenix UI (dev only; Ctrl-C stops all).
+traces: $(STAMP) engine-env phoenix-env
+	@bash deploy/observability/traces.sh

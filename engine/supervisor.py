@@ -23,6 +23,8 @@ from engine.profiles import SERVER_MODULE, Profile
 from engine.state import ReplicaRecord, read_state, write_state
 
 ROOT = Path(__file__).resolve().parent.parent
+# Set (e.g. by `make traces`): engines export their own spans there too.
+OTLP_TRACES = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
 
 
 @dataclass(frozen=True)
@@ -132,6 +134,12 @@ def _start_one(
     port = free_port(host)
     log_path = paths.logs / f"{profile.name}-{port}.log"
     args = profile.serve_args(model=launch.model, host=host, port=port)
+    if not profile.otlp_traces_endpoint and (traces := os.environ.get(OTLP_TRACES)):
+        # The gateway's trace receiver takes the engines' spans too: with the gateway's
+        # traceparent they join the request's trace (agent -> gateway -> engine).
+        args += ["--otlp-traces-endpoint", traces]
+        env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] = "http/protobuf"
+        env["OTEL_SERVICE_NAME"] = f"vllm-{launch.pool or profile.pool}"
     with log_path.open("wb") as log_file:
         proc = subprocess.Popen(
             [str(paths.python), "-m", SERVER_MODULE, *args],

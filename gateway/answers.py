@@ -18,6 +18,7 @@ from gateway.resilience.dispatcher import Dispatch, Outcome
 from gateway.sessions.checkpoints import Message
 from gateway.sessions.replies import ReplyCollector, reply_from_completion
 from gateway.sse import SSEFramer
+from gateway.telemetry.record import ResultFacts
 from gateway.upstream import UpstreamResponse
 
 
@@ -34,7 +35,7 @@ class Answer:
 
 
 async def _read_stream(
-    response: UpstreamResponse, hide_usage: bool, conform: bool, idle_s: float
+    response: UpstreamResponse, facts: ResultFacts, hide_usage: bool, conform: bool, idle_s: float
 ) -> Answer:
     framer, collector, events = SSEFramer(), ReplyCollector(), []
     while True:
@@ -46,7 +47,8 @@ async def _read_stream(
         if not chunk:
             break
         for event in framer.feed(chunk):
-            if collector.feed(event) and hide_usage:
+            collector.feed(event)
+            if facts.observe_event(event) and hide_usage:
                 continue
             events.append(conform_event(event) if conform else event)
     if not collector.done:  # the body ended, the stream did not: an answer cut short
@@ -56,7 +58,13 @@ async def _read_stream(
 
 
 async def read_answer(
-    dispatch: Dispatch, *, stream: bool, hide_usage: bool, conform: bool, idle_s: float
+    dispatch: Dispatch,
+    facts: ResultFacts,
+    *,
+    stream: bool,
+    hide_usage: bool,
+    conform: bool,
+    idle_s: float,
 ) -> Answer:
     """The whole answer and the reply it holds; a stream keeps its events as sent."""
     response = dispatch.response
@@ -64,10 +72,10 @@ async def read_answer(
     try:
         async with asyncio.timeout_at(dispatch.deadline):
             if stream:
-                answer = await _read_stream(response, hide_usage, conform, idle_s)
+                answer = await _read_stream(response, facts, hide_usage, conform, idle_s)
             else:
                 payload = conform_response(await response.read())
-                reply, usage = reply_from_completion(payload)
+                reply, usage = reply_from_completion(payload, facts.take)
                 answer = Answer(reply, usage, payload, response.content_type)
         outcome = "ok"
         return answer

@@ -8,18 +8,19 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from pathlib import Path
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
+from opentelemetry.sdk.trace import SpanProcessor
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
+from gateway.api.observability import build_observability_router
 from gateway.api.responses import build_responses_router
 from gateway.api.routes import build_api_router
 from gateway.api.sessions import build_sessions_router
-from gateway.engine_metrics import EngineMetricsScraper
+from gateway.engine_metrics import EngineMetricsScraper, EngineStats
 from gateway.errors import (
     GatewayError,
     InvalidRequest,
@@ -29,13 +30,12 @@ from gateway.errors import (
 )
 from gateway.health import HealthMonitor
 from gateway.metrics import GatewayMetrics
-from gateway.middleware import RequestIdMiddleware
+from gateway.middleware import RequestIdMiddleware, TelemetryMiddleware
 from gateway.pipeline import Pipeline
 from gateway.policy import Policy
 from gateway.prefix_watch import RedisFingerprints
 from gateway.replicas import Fleet
-from gateway.request_log import RequestLog
-from gateway.resilience.dispatcher import Dispatcher
+from gateway.resilience.dispatcher import Breakers, Dispatcher
 from gateway.resilience.response_cache import RedisResponseCache
 from gateway.responses.records import RedisResponseRecords
 from gateway.responses.service import ResponsesService
@@ -43,6 +43,9 @@ from gateway.routing.build import build_router
 from gateway.sessions.store import RedisCheckpoints
 from gateway.sessions.turns import SessionTurns
 from gateway.state_store import StateStore
+from gateway.telemetry.fleet_view import FleetView
+from gateway.telemetry.service import Telemetry
+from gateway.telemetry.usage import RedisUsageLedger
 from gateway.tiering.chooser import TierChooser, load_learned_router
 from gateway.tiering.memory import RedisSessionTiers
 from gateway.trimming.tokens import token_counter
@@ -58,9 +61,12 @@ def create_app(
     upstream: Upstream | None = None,
     store: StateStore | None = None,
     health_checks: bool = True,
+    span_processor: SpanProcessor | None = None,
 ) -> FastAPI:
     fleet = Fleet(policy)
     metrics = GatewayMetrics()
+    telemetry = Telemetry(policy, metrics, span_processor=span_processor)
+    breakers = Breakers(policy, metrics)
     state = store if store is not None else StateStore(policy.state)
     # The aiohttp session is created inside the lifespan: it binds to the running loop.
 
@@ -75,8 +81,22 @@ def create_app(
         router = build_router(policy.routing, time.monotonic, scraper)
         await state.open()
         assert state.redis is not None
-        log_path = policy.routing.request_log
-        request_log = RequestLog(Path(log_path)) if log_path else None
+        telemetry.open(
+            RedisUsageLedger(
+                state.redis,
+                retention_days=policy.telemetry.usage.retention_days,
+                session_ttl_s=policy.sessions.ttl_s,
+            )
+        )
+        fleet_view = FleetView(
+            fleet,
+            breakers,
+            scraper.stats if scraper else _no_stats,
+            telemetry.live.replica_requests,
+        )
+        metrics.registry.register(fleet_view)
+        app.state.telemetry = telemetry
+        app.state.fleet_view = fleet_view
         checkpoints = RedisCheckpoints(state.redis, ttl_s=policy.sessions.ttl_s)
         trimming = policy.trimming
         trimmer = Trimmer(trimming, token_counter(trimming.tokenizer)) if trimming.enabled else None
@@ -88,7 +108,6 @@ def create_app(
             client,
             fingerprints=RedisFingerprints(state.redis),
             metrics=metrics,
-            request_log=request_log,
             sessions=SessionTurns(checkpoints, trimmer),
             tiers=TierChooser(
                 policy,
@@ -98,7 +117,12 @@ def create_app(
                 load_scorer=load_learned_router,
             ),
             dispatcher=Dispatcher(
-                policy, router, client, metrics, engine_load=scraper.get if scraper else None
+                policy,
+                router,
+                client,
+                metrics,
+                engine_load=scraper.get if scraper else None,
+                breakers=breakers,
             ),
             answers=RedisResponseCache(state.redis, ttl_s=policy.resilience.response_cache.ttl_s),
         )
@@ -118,8 +142,8 @@ def create_app(
                 await monitor.stop()
                 await scraper.stop()
             await client.close()
-            if request_log is not None:
-                request_log.close()
+            await telemetry.close()  # before the store closes: the last usage is written
+            metrics.registry.unregister(fleet_view)
             await state.close()
 
     app = FastAPI(
@@ -129,12 +153,18 @@ def create_app(
         redoc_url=None,
         openapi_url=None,
     )
-    app.add_middleware(RequestIdMiddleware)
+    app.add_middleware(TelemetryMiddleware, telemetry=telemetry)
+    app.add_middleware(RequestIdMiddleware)  # outermost: telemetry reads the id
     app.include_router(build_api_router(policy, fleet, state, metrics))
+    app.include_router(build_observability_router())
     app.include_router(build_sessions_router())
     app.include_router(build_responses_router(policy.limits.max_body_bytes))
     _install_error_handlers(app)
     return app
+
+
+def _no_stats(url: str) -> EngineStats | None:
+    return None
 
 
 def _install_error_handlers(app: FastAPI) -> None:
@@ -143,6 +173,9 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     async def on_gateway_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, GatewayError)
+        record = getattr(request.state, "telemetry", None)
+        if record is not None:
+            record.error_type = exc.code or exc.error_type
         return error_response(exc, request_id=request_id(request))
 
     async def on_http_error(request: Request, exc: Exception) -> Response:

@@ -1,5 +1,6 @@
-"""Engine load as the engines report it: `vllm:num_requests_waiting` and
-`vllm:kv_cache_usage_perc` read from each replica's /metrics about once a second.
+"""What the engines report about themselves, read from each replica's /metrics about once
+a second: load (queue, running, KV-cache usage) for routing and admission, and the prefix
+cache and speculative decoding counters the gateway re-exports and charts.
 
 Every gateway replica reads the same numbers, so their load views agree without talking
 to each other.
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
 
 import aiohttp
 
@@ -18,20 +20,70 @@ from gateway.routing.router import EngineLoad
 
 log = logging.getLogger(__name__)
 
-_WAITING = "vllm:num_requests_waiting"
-_KV_USAGE = "vllm:kv_cache_usage_perc"
+# vLLM's metric -> the EngineStats field it feeds. Gauges are summed over label sets (one
+# per model/engine) except KV-cache usage, of which the fullest counts.
+_FIELDS = {
+    "vllm:num_requests_waiting": "waiting",
+    "vllm:num_requests_running": "running",
+    "vllm:kv_cache_usage_perc": "kv_usage",
+    "vllm:prefix_cache_queries_total": "prefix_queries",
+    "vllm:prefix_cache_hits_total": "prefix_hits",
+    "vllm:spec_decode_num_drafts_total": "spec_drafts",
+    "vllm:spec_decode_num_draft_tokens_total": "spec_draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens_total": "spec_accepted_tokens",
+}
 
 
-def parse_engine_load(text: str) -> EngineLoad:
-    """Sum over label sets (one per model/engine) of the two gauges in Prometheus text."""
-    waiting = 0.0
-    kv_usage = 0.0
+@dataclass(frozen=True)
+class EngineStats:
+    """One scrape of an engine's /metrics: load, prefix cache, speculative decoding."""
+
+    waiting: float = 0.0
+    running: float = 0.0
+    kv_usage: float = 0.0
+    prefix_queries: float = 0.0
+    prefix_hits: float = 0.0
+    spec_drafts: float = 0.0
+    spec_draft_tokens: float = 0.0
+    spec_accepted_tokens: float = 0.0
+
+    @property
+    def load(self) -> EngineLoad:
+        return EngineLoad(waiting=int(self.waiting), kv_usage=self.kv_usage)
+
+    @property
+    def prefix_cache_hit_ratio(self) -> float | None:
+        """Prompt tokens served from the prefix cache, since the engine started."""
+        return self.prefix_hits / self.prefix_queries if self.prefix_queries else None
+
+    @property
+    def spec_acceptance_rate(self) -> float | None:
+        """Draft tokens the target model accepted, of those proposed."""
+        if not self.spec_draft_tokens:
+            return None
+        return self.spec_accepted_tokens / self.spec_draft_tokens
+
+    @property
+    def spec_mean_accepted_length(self) -> float | None:
+        """Tokens produced per verification step (vLLM's definition: 1 + accepted per
+        draft): what speculative decoding multiplies decode speed by, at best."""
+        return 1 + self.spec_accepted_tokens / self.spec_drafts if self.spec_drafts else None
+
+
+def parse_engine_stats(text: str) -> EngineStats:
+    values: dict[str, float] = {}
     for line in text.splitlines():
-        if line.startswith(_WAITING):
-            waiting += _value(line)
-        elif line.startswith(_KV_USAGE):
-            kv_usage = max(kv_usage, _value(line))
-    return EngineLoad(waiting=int(waiting), kv_usage=kv_usage)
+        if not line.startswith("vllm:"):
+            continue
+        field_ = _FIELDS.get(line.split("{", 1)[0].split(" ", 1)[0])
+        if field_ is None:
+            continue
+        value = _value(line)
+        if field_ == "kv_usage":
+            values[field_] = max(values.get(field_, 0.0), value)
+        else:
+            values[field_] = values.get(field_, 0.0) + value
+    return EngineStats(**values)
 
 
 def _value(line: str) -> float:
@@ -46,11 +98,15 @@ class EngineMetricsScraper:
         self._fleet = fleet
         self._session = session
         self._interval_s = interval_s
-        self._loads: dict[str, EngineLoad] = {}
+        self._stats: dict[str, EngineStats] = {}
         self._loop = Periodic("engine-metrics", interval_s, self.scrape_all)
 
     def get(self, url: str) -> EngineLoad | None:
-        return self._loads.get(url)
+        stats = self._stats.get(url)
+        return stats.load if stats is not None else None
+
+    def stats(self, url: str) -> EngineStats | None:
+        return self._stats.get(url)
 
     async def scrape_all(self) -> None:
         replicas = [r for r in self._fleet.all_replicas() if r.healthy]
@@ -62,9 +118,9 @@ class EngineMetricsScraper:
             async with self._session.get(f"{url}/metrics", timeout=timeout) as resp:
                 if resp.status != 200:
                     return
-                self._loads[url] = parse_engine_load(await resp.text())
+                self._stats[url] = parse_engine_stats(await resp.text())
         except (aiohttp.ClientError, TimeoutError, OSError):
-            self._loads.pop(url, None)  # stale numbers are worse than none
+            self._stats.pop(url, None)  # stale numbers are worse than none
 
     def start(self) -> None:
         self._loop.start()

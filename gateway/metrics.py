@@ -1,12 +1,20 @@
 """Prometheus metrics, one registry per app (no process-global state).
 
-The observability issue grows this; today it counts routing decisions and prefix changes.
+Per-request figures (requests, latencies, tokens, money) are updated once per request,
+after its response, from its record (gateway.telemetry); the per-replica gauges (breaker
+state, in flight, what the engines report) are read at scrape time by a collector. Every
+name is listed in the README.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+# Latency buckets (seconds): engines on this kind of machine answer in tens of ms to
+# minutes; the gateway's own share is meant to stay under a millisecond.
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+_OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
 
 
 class GatewayMetrics:
@@ -14,6 +22,71 @@ class GatewayMetrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "gateway_requests",
+            "API requests by model alias, the tier that served them and HTTP status.",
+            ["model", "tier", "status"],
+            registry=self.registry,
+        )
+        self.duration = Histogram(
+            "gateway_request_duration_seconds",
+            "Whole request, until its last byte was sent.",
+            ["model", "tier"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.ttft = Histogram(
+            "gateway_time_to_first_token_seconds",
+            "Streams: until the first event of the answer was sent to the client.",
+            ["model", "tier"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.overhead = Histogram(
+            "gateway_overhead_seconds",
+            "Time spent in the gateway itself: the whole request less the time waiting on engines.",
+            ["model"],
+            buckets=_OVERHEAD_BUCKETS,
+            registry=self.registry,
+        )
+        token_labels = ["tenant", "model", "tier"]
+        self.prompt_tokens = Counter(
+            "gateway_prompt_tokens",
+            "Prompt tokens as the engines counted them.",
+            token_labels,
+            registry=self.registry,
+        )
+        self.cached_prompt_tokens = Counter(
+            "gateway_cached_prompt_tokens",
+            "Prompt tokens the engines served from their prefix cache.",
+            token_labels,
+            registry=self.registry,
+        )
+        self.completion_tokens = Counter(
+            "gateway_completion_tokens",
+            "Completion tokens as the engines counted them.",
+            token_labels,
+            registry=self.registry,
+        )
+        self.cost = Counter(
+            "gateway_cost_usd",
+            "What the tokens cost at the policy's prices, in US dollars.",
+            token_labels,
+            registry=self.registry,
+        )
+        self.savings = Counter(
+            "gateway_savings_usd",
+            "Money saved, by source: cache (cached prompt tokens), trimming (tokens removed "
+            "from contexts), small_tier (answered by a cheaper tier than the dearest).",
+            ["tenant", "model", "source"],
+            registry=self.registry,
+        )
+        self.trimmed_tokens = Counter(
+            "gateway_trimmed_tokens",
+            "Context tokens trimming removed before the engine saw them.",
+            ["model"],
+            registry=self.registry,
+        )
         self.route_decisions = Counter(
             "gateway_route_decisions",
             "Replica choices, by pool and the reason that decided them.",

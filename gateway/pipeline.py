@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from starlette.responses import Response
@@ -28,7 +28,6 @@ from gateway.policy import Endpoint, Policy
 from gateway.prefix_watch import FingerprintStore
 from gateway.relay import RelayResponse, ReplayedStream, StreamRelay
 from gateway.replicas import Fleet, Pool
-from gateway.request_log import RequestLog
 from gateway.resilience.dispatcher import Dispatch, Dispatcher
 from gateway.resilience.response_cache import ResponseCache, cache_key
 from gateway.routing.blocks import conversation_key, request_blocks
@@ -38,6 +37,7 @@ from gateway.sessions.checkpoints import Message
 from gateway.sessions.keys import SessionRef, session_for
 from gateway.sessions.store import StateUnavailable
 from gateway.sessions.turns import SessionTurns, Turn, context_mode
+from gateway.telemetry.record import RequestRecord, ResultFacts, Stage
 from gateway.tiering.chooser import TierChoice, TierChooser, load_learned_router
 from gateway.tiering.memory import MemorySessionTiers
 from gateway.upstream import Upstream
@@ -67,6 +67,8 @@ class RequestContext:
     context_mode: str | None = None  # the X-Context-Mode header
     session: SessionRef | None = None  # set by the caller (the Responses API), wins
     task: str | None = None  # the X-Task header: a label tier rules can match
+    # What telemetry learns about the request; the HTTP layer's, or one nobody reads.
+    record: RequestRecord = field(default_factory=RequestRecord.detached)
 
 
 class Pipeline:
@@ -79,7 +81,6 @@ class Pipeline:
         *,
         fingerprints: FingerprintStore,
         metrics: GatewayMetrics,
-        request_log: RequestLog | None = None,
         sessions: SessionTurns | None = None,
         tiers: TierChooser | None = None,
         dispatcher: Dispatcher | None = None,
@@ -92,7 +93,6 @@ class Pipeline:
             cached_share=router.cached_share,
             load_scorer=load_learned_router,
         )
-        self._request_log = request_log
         self._sessions = sessions
         self._policy = policy
         self._fleet = fleet
@@ -114,27 +114,34 @@ class Pipeline:
     async def handle(
         self, endpoint: Endpoint, raw_body: bytes, context: RequestContext
     ) -> Response:
+        record = context.record
         request = parse_request(endpoint, raw_body)
         self._tiers.check_model(request.model, endpoint)
+        _note_request(record, request)  # only known aliases become metric labels
         session = self._session_of(request, context)
-        turn, request, degraded = await self._hydrate(request, session, context)
+        record.session = session.id if session else None
+        with record.stage("hydrate"):
+            turn, request, degraded = await self._hydrate(request, session, context)
         notes: dict[str, str] = {}
         if degraded and session is not None:  # served, not kept: the client is told
+            record.degraded = "checkpoint"
             notes = {
                 "X-Gateway-Session": session.id,
                 "X-Gateway-Session-Turn": "unsaved",
                 "X-Gateway-Degraded": "checkpoint",
             }
-        request, hide_usage = _with_usage_for_checkpoint(request, turn)
-        request, tools_json = self._canonicalise(request)
+        request, hide_usage = _with_usage(request)
+        with record.stage("canonicalise"):
+            request, tools_json = self._canonicalise(request)
         if prefix_changes := await self._prefix_changes(request, session):
             notes["X-Gateway-Prefix-Change"] = ",".join(prefix_changes)
         route = self._route_request(
             request, session.id if session else context.session_id, tools_json
         )
-        choice = await self._tiers.choose(
-            request.model, endpoint, request.body, route, task=context.task
-        )
+        with record.stage("choose_tier"):
+            choice = await self._tiers.choose(
+                request.model, endpoint, request.body, route, task=context.task
+            )
         if choice.checks is not None:
             return await self._checked(request, route, context, choice, turn, hide_usage, notes)
         answer_key = cache_key(request.body) if self._answers is not None else None
@@ -145,14 +152,18 @@ class Pipeline:
             if cached is None:
                 raise
             return cached
-        headers = self._dispatched(request, route, choice, dispatch, notes)
+        headers = self._dispatched(request, route, choice, dispatch, notes, context.record)
         checkpoint = None
         if turn is not None:
             headers["X-Gateway-Session"] = turn.session.id
             checkpoint = self._checkpointer(turn, request, choice, dispatch, context)
         if request.stream:
-            return self._relay_stream(request, dispatch, headers, checkpoint, hide_usage)
-        return await self._relay_whole(request, dispatch, headers, checkpoint, answer_key)
+            return self._relay_stream(
+                request, dispatch, headers, checkpoint, context.record.result, hide_usage
+            )
+        return await self._relay_whole(
+            request, dispatch, headers, checkpoint, context.record.result, answer_key
+        )
 
     async def _checked(
         self,
@@ -174,8 +185,8 @@ class Pipeline:
             engine_can = constrain and choice.pool.spec.structured_outputs
             sent = request.with_body(checks.constrain(request.body, engine_can))
             choice, dispatch = await self._dispatch(choice, sent, route, context)
-            headers = self._dispatched(request, route, choice, dispatch, notes)
-            answer = await self._read_answer(sent, dispatch, hide_usage)
+            headers = self._dispatched(request, route, choice, dispatch, notes, context.record)
+            answer = await self._read_answer(sent, dispatch, context.record.result, hide_usage)
             problems = checks.problems(answer.reply)
             if not problems:
                 outcome = "escalated" if escalated else "passed"
@@ -208,19 +219,30 @@ class Pipeline:
         choice: TierChoice,
         dispatch: Dispatch,
         notes: dict[str, str],
+        record: RequestRecord,
     ) -> dict[str, str]:
         """Records the decisions; returns the headers that report them."""
-        self._record_route(choice.pool, dispatch.decision)
+        decision = dispatch.decision
+        self._record_route(choice.pool, decision)
         self._metrics.tier_decisions.labels(request.model, choice.tier, choice.by).inc()
-        if self._request_log is not None:
-            self._request_log.write(request.model, route, dispatch.decision)
+        record.tier, record.tier_by, record.tier_reason = choice.tier, choice.by, choice.reason
+        record.fallback = choice.fallback
+        record.blocks, record.route_session = route.blocks, route.session
+        record.routed(
+            decision.replica.id, choice.pool.name, decision.reason, decision.cached_blocks
+        )
         return {**dispatch.headers(), **choice.header_values(), **notes}
 
     async def _read_answer(
-        self, request: InboundRequest, dispatch: Dispatch, hide_usage: bool = False
+        self,
+        request: InboundRequest,
+        dispatch: Dispatch,
+        facts: ResultFacts,
+        hide_usage: bool = False,
     ) -> Answer:
         return await read_answer(
             dispatch,
+            facts,
             stream=request.stream,
             hide_usage=hide_usage,
             # Only logprobs chunks need fixing; every other answer passes byte for byte.
@@ -267,6 +289,16 @@ class Pipeline:
             self._metrics.trims.labels("fell_back" if trimmed.fell_back else "trimmed").inc()
             self._metrics.trim_patches.inc(trimmed.patches)
             self._metrics.trim_schema_failures.inc(trimmed.schema_failures)
+            record = context.record
+            record.trimmed_tokens, record.trim_fell_back = trimmed.saved_tokens, trimmed.fell_back
+            record.stages.append(
+                Stage(
+                    "trim",
+                    trimmed.started_ns,
+                    trimmed.ended_ns,
+                    {"gateway.trim.saved_tokens": trimmed.saved_tokens},
+                )
+            )
         return turn, request, False
 
     def _checkpointer(
@@ -291,17 +323,20 @@ class Pipeline:
             "total_blocks": decision.total_blocks,
         }
 
+        record = context.record
+
         async def commit(reply: Message | None, usage: dict[str, Any] | None) -> int | None:
             try:
-                number = await sessions.commit(
-                    turn,
-                    engine_body=engine_body,
-                    reply=reply,
-                    usage=usage,
-                    route=route,
-                    request_id=context.request_id,
-                    model=request.model,
-                )
+                with record.stage("checkpoint"):
+                    number = await sessions.commit(
+                        turn,
+                        engine_body=engine_body,
+                        reply=reply,
+                        usage=usage,
+                        route=route,
+                        request_id=context.request_id,
+                        model=request.model,
+                    )
             except StateUnavailable as exc:
                 log.warning("checkpoint of session %s not written: %s", turn.session.id, exc)
                 self._metrics.checkpoint_failures.inc()
@@ -309,6 +344,7 @@ class Pipeline:
                     raise  # 503, or an error event in place of [DONE]: nothing half-kept
                 return None  # fail open: the answer reaches the client, the turn unsaved
             self._metrics.checkpoints_written.inc()
+            record.session_turn = number
             return number
 
         return commit
@@ -393,6 +429,7 @@ class Pipeline:
             request.body_for(pool.spec.served_model),
             headers,
             route,
+            context.record,
         )
 
     async def _relay_whole(
@@ -401,9 +438,10 @@ class Pipeline:
         dispatch: Dispatch,
         headers: dict[str, str],
         checkpoint: Checkpointer | None,
+        facts: ResultFacts,
         answer_key: str | None = None,
     ) -> Response:
-        answer = await self._read_answer(request, dispatch)
+        answer = await self._read_answer(request, dispatch, facts)
         if checkpoint is not None:
             turn_number = await checkpoint(answer.reply, answer.usage)
             _report_turn(headers, turn_number)
@@ -433,6 +471,7 @@ class Pipeline:
         dispatch: Dispatch,
         headers: dict[str, str],
         checkpoint: Checkpointer | None,
+        facts: ResultFacts,
         hide_usage: bool = False,
     ) -> RelayResponse:
         relay = StreamRelay(
@@ -445,6 +484,7 @@ class Pipeline:
             conform=bool(request.body.get("logprobs")),
             on_done=checkpoint,
             hide_usage=hide_usage,
+            facts=facts,
         )
         return RelayResponse(relay, headers)
 
@@ -455,12 +495,23 @@ def _report_turn(headers: dict[str, str], turn_number: int | None) -> None:
         headers["X-Gateway-Degraded"] = "checkpoint"
 
 
-def _with_usage_for_checkpoint(
-    request: InboundRequest, turn: Turn | None
-) -> tuple[InboundRequest, bool]:
-    """A session turn's checkpoint keeps its usage: a stream asks the engine for it even
-    when the client did not, and then that one extra chunk is not passed on (True)."""
-    if turn is None or not request.stream:
+def _note_request(record: RequestRecord, request: InboundRequest) -> None:
+    record.model = request.model
+    record.stream = request.stream
+    body = request.body
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    record.max_tokens = max_tokens if isinstance(max_tokens, int) else None
+    temperature = body.get("temperature")
+    record.temperature = temperature if isinstance(temperature, int | float) else None
+    if record.capture:
+        record.input_messages = body.get("messages", body.get("prompt", body.get("input")))
+
+
+def _with_usage(request: InboundRequest) -> tuple[InboundRequest, bool]:
+    """Every stream asks the engine for its usage (token accounting and the session
+    checkpoint need it), even when the client did not; then that one extra chunk is not
+    passed on (True)."""
+    if not request.stream or request.endpoint is Endpoint.embeddings:
         return request, False
     options = request.body.get("stream_options")
     if isinstance(options, dict) and options.get("include_usage"):

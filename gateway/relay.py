@@ -26,6 +26,7 @@ from gateway.resilience.dispatcher import Outcome
 from gateway.sessions.checkpoints import Message
 from gateway.sessions.replies import ReplyCollector
 from gateway.sse import SSEFramer, data_event, is_done
+from gateway.telemetry.record import ResultFacts
 from gateway.upstream import UpstreamResponse
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,7 @@ class StreamRelay:
         on_done: Callable[[Message | None, dict[str, Any] | None], Awaitable[object]] | None = None,
         hide_usage: bool = False,
         on_end: Callable[[Outcome], None],
+        facts: ResultFacts | None = None,
     ) -> None:
         self.replica = replica
         # Gives the replica's slot back and tells its breaker how the stream ended.
@@ -53,8 +55,11 @@ class StreamRelay:
         # A session turn: collect the reply as it passes and checkpoint it before [DONE].
         self._on_done = on_done
         self._reply = ReplyCollector() if on_done is not None else None
-        # The gateway asked for the usage chunk, not the client (only with a session turn).
+        # The gateway asked for the usage chunk, not the client: it is not passed on.
         self._hide_usage = hide_usage
+        # Model, usage and finish reasons, for telemetry (read from the few events that
+        # carry them).
+        self._facts = facts if facts is not None else ResultFacts()
         self._conform = conform
         self._response = response
         self._deadline = deadline
@@ -91,8 +96,9 @@ class StreamRelay:
                     return
                 for event in framer.feed(chunk):
                     self._saw_done = self._saw_done or is_done(event)
+                    usage_only = self._facts.observe_event(event)
                     if self._reply is not None and not self._reply.done:
-                        usage_only = self._reply.feed(event)
+                        self._reply.feed(event)
                         if self._reply.done and self._on_done is not None:
                             try:
                                 await self._on_done(self._reply.message(), self._reply.usage)
@@ -100,8 +106,8 @@ class StreamRelay:
                                 yield stream_error(exc)
                                 self._finished = True  # the engine did finish
                                 return
-                        if usage_only and self._hide_usage:
-                            continue
+                    if usage_only and self._hide_usage:
+                        continue
                     yield conform_event(event) if self._conform else event
         finally:
             self.close()

@@ -8,6 +8,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway.api.body import read_body
+from gateway.api.observability import record_of
 from gateway.responses.service import ResponsesService
 
 
@@ -20,7 +21,8 @@ def build_responses_router(max_body_bytes: int) -> APIRouter:
 
     @router.post("/v1/responses")
     async def create(request: Request) -> Response:
-        return await service(request).create(await read_body(request, max_body_bytes))
+        body = await read_body(request, max_body_bytes)
+        return await service(request).create(body, record_of(request))
 
     @router.get("/v1/responses/{response_id}")
     async def retrieve(response_id: str, request: Request) -> Response:

@@ -11,6 +11,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway.api.body import read_body
+from gateway.api.observability import record_of
 from gateway.errors import ModelNotFound
 from gateway.metrics import GatewayMetrics
 from gateway.pipeline import Pipeline, RequestContext
@@ -38,6 +39,7 @@ def build_api_router(
             session_id=request.headers.get("x-session-id") or None,
             context_mode=request.headers.get("x-context-mode"),
             task=request.headers.get("x-task") or None,
+            record=record_of(request),
         )
         return await pipeline.handle(endpoint, body, context)
 

@@ -158,9 +158,9 @@ def _resolve_paths(policy: Policy, base_dir: Path) -> Policy:
         for name, pool in policy.pools.items()
     }
     state = policy.state.model_copy(update={"embedded_dir": resolve(policy.state.embedded_dir)})
-    routing = policy.routing
-    if routing.request_log:
-        routing = routing.model_copy(update={"request_log": resolve(routing.request_log)})
+    telemetry = policy.telemetry
+    if telemetry.request_log:
+        telemetry = telemetry.model_copy(update={"request_log": resolve(telemetry.request_log)})
     tiering = {
         name: spec.model_copy(
             update={"learned": spec.learned.model_copy(update={"artifact": resolve(artifact)})}
@@ -173,7 +173,7 @@ def _resolve_paths(policy: Policy, base_dir: Path) -> Policy:
         update={
             "pools": pools,
             "state": state,
-            "routing": routing,
+            "telemetry": telemetry,
             "tiering": tiering,
         }
     )

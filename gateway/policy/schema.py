@@ -15,6 +15,7 @@ from pydantic import AfterValidator, Field, model_validator
 
 from gateway.policy.base import Name, Strict
 from gateway.policy.resilience import ResilienceSpec
+from gateway.policy.telemetry import PriceSpec, TelemetrySpec
 from gateway.policy.tiering import TieringSpec
 from gateway.policy.volatile_presets import PRESETS
 
@@ -109,9 +110,6 @@ class RoutingSpec(Strict):
         0.98, gt=0, le=1, description="KV usage at which a replica is saturated."
     )
     scrape_interval_s: float = Field(1.0, gt=0, description="How often engines' /metrics are read.")
-    request_log: str | None = Field(
-        None, description="JSONL file of routed requests, for `gateway replay` (off if unset)."
-    )
 
 
 class VolatilePattern(Strict):
@@ -250,6 +248,9 @@ class PoolSpec(Strict):
     structured_outputs: bool = Field(
         True, description="The engines constrain output to a schema, choice or regex (vLLM)."
     )
+    price: PriceSpec | None = Field(
+        None, description="What this pool's model costs per million tokens (token economics)."
+    )
 
 
 class ModelSpec(Strict):
@@ -288,6 +289,7 @@ class Policy(Strict):
     trimming: TrimmingSpec = TrimmingSpec()
     routing: RoutingSpec = RoutingSpec()
     resilience: ResilienceSpec = ResilienceSpec()
+    telemetry: TelemetrySpec = TelemetrySpec()
     canonicalize: CanonicalizeSpec = CanonicalizeSpec()
     pools: dict[Name, PoolSpec] = Field(min_length=1)
     models: dict[Name, ModelSpec] = Field(min_length=1)

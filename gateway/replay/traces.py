@@ -35,6 +35,8 @@ def read_trace(path: Path, *, block_tokens: int) -> Iterator[TraceRequest]:
                 continue
             try:
                 entry = json.loads(line)
+                if "request_id" in entry and not (entry.get("blocks") and entry.get("replica")):
+                    continue  # the request log's line of a request that was not routed
                 yield _parse(entry, block_tokens)
             except (ValueError, KeyError, TypeError) as exc:
                 raise TraceError(

@@ -48,6 +48,7 @@ from gateway.replicas import Pool, Replica
 from gateway.resilience.breaker import ReplicaBreaker
 from gateway.routing.costs import RouteRequest
 from gateway.routing.router import Decision, EngineLoad, Router
+from gateway.telemetry.record import Attempt, RequestRecord
 from gateway.upstream import ConnectFailed, Upstream, UpstreamResponse
 
 log = logging.getLogger(__name__)
@@ -83,6 +84,7 @@ class Dispatch:
     decision: Decision
     response: UpstreamResponse
     _slot: _Slot
+    _attempt: Attempt
     deadline: float = 0.0
     attempts: int = 1
 
@@ -102,6 +104,7 @@ class Dispatch:
     def finish(self, outcome: Outcome) -> None:
         """The answer was read (ok), broke (failed) or was abandoned by the client."""
         self._slot.give_back(outcome)
+        self._attempt.end(outcome)
 
 
 @dataclass(frozen=True)
@@ -114,6 +117,7 @@ class _Outbound:
     body: bytes
     headers: dict[str, str]
     route: RouteRequest
+    record: RequestRecord
 
 
 class _Retryable(Exception):
@@ -169,10 +173,12 @@ class Dispatcher:
         body: bytes,
         headers: dict[str, str],
         route: RouteRequest,
+        record: RequestRecord | None = None,
     ) -> Dispatch:
         total_s = self._policy.timeouts.total_s
         deadline = asyncio.get_running_loop().time() + total_s
-        outbound = _Outbound(pool, model, path, body, headers, route)
+        record = record or RequestRecord.detached()
+        outbound = _Outbound(pool, model, path, body, headers, route, record)
         retries = self._policy.resilience.retries
         tried: set[Replica] = set()
         attempts = 0
@@ -201,7 +207,13 @@ class Dispatcher:
         candidates = await self._admitted(outbound.pool, model)
         # Another replica when one exists; the same ones again only when none is left.
         exclude = frozenset(tried) if any(r not in tried for r in candidates) else frozenset()
-        decision = self._router.choose(candidates, outbound.route, exclude)
+        with outbound.record.stage("choose_replica") as stage:
+            decision = self._router.choose(candidates, outbound.route, exclude)
+        if decision is not None:
+            stage.attributes = {
+                "gateway.replica": decision.replica.id,
+                "gateway.route.reason": decision.reason,
+            }
         if decision is None:
             raise self._none_healthy(model)
         replica = decision.replica
@@ -211,34 +223,44 @@ class Dispatcher:
         self._router.dispatched(decision, outbound.route)
         replica.inflight += 1
         slot = _Slot(replica, breaker, breaker.started())
+        attempt = outbound.record.attempt(replica.id, replica.pool)
+        headers = outbound.headers
+        if trace_headers := outbound.record.upstream_headers(attempt):
+            headers = {**headers, **trace_headers}
         timeouts = self._policy.timeouts
         try:
             async with asyncio.timeout(timeouts.first_byte_s):
                 response = await self._upstream.post(
                     replica.url + outbound.path,
                     outbound.body,
-                    outbound.headers,
+                    headers,
                     connect_timeout_s=timeouts.connect_s,
                 )
+                attempt.responded(response.status)
                 payload = await response.read() if response.status != 200 else b""
         except ConnectFailed as exc:
             slot.give_back("failed")
+            attempt.end("failed", "connect_failed")
             replica.mark_down(exc.message)
             raise _Retryable(self._none_healthy(model)) from exc
         except TimeoutError as exc:
             slot.give_back("failed")
+            attempt.end("failed", "first_byte_timeout")
             waited = f"{timeouts.first_byte_s:g}s"
             error = UpstreamTimeout(f"The engine did not start answering within {waited}.")
             raise _Retryable(error) from exc
         except UpstreamError as exc:
             slot.give_back("failed")
+            attempt.end("failed", exc.code or "upstream_error")
             raise _Retryable(exc) from exc
         except BaseException:
             slot.give_back("released")
+            attempt.end("released")
             raise
         if response.status != 200:
+            attempt.end("refused", f"http_{response.status}")
             raise self._refusal(model, replica, slot, response, payload)
-        return Dispatch(decision, response, slot)
+        return Dispatch(decision, response, slot, attempt)
 
     def _refusal(
         self,

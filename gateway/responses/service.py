@@ -35,6 +35,7 @@ from gateway.responses.stream import ResponseEvents
 from gateway.sessions.checkpoints import Message, history
 from gateway.sessions.keys import DEFAULT_TENANT, SessionRef
 from gateway.sessions.store import CheckpointStore
+from gateway.telemetry.record import RequestRecord
 
 
 class ResponsesService:
@@ -45,7 +46,7 @@ class ResponsesService:
         self._checkpoints = checkpoints
         self._records = records
 
-    async def create(self, raw: bytes) -> Response:
+    async def create(self, raw: bytes, record: RequestRecord | None = None) -> Response:
         request = _parse(raw)
         response_id = f"resp_{uuid.uuid4().hex}"
         created_at = int(time.time())
@@ -63,6 +64,7 @@ class ResponsesService:
         context = RequestContext(
             request_id=response_id,
             session=(session or _new_session(response_id)) if store else None,
+            record=record or RequestRecord.detached(),
         )
         reply = await self._pipeline.handle(Endpoint.chat, orjson.dumps(body), context)
         record_base = {

@@ -8,6 +8,7 @@ the engine and the same message resent by any client SDK compare equal.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -40,12 +41,17 @@ def _tool_call(call: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def reply_from_completion(payload: bytes) -> tuple[Message | None, dict[str, Any] | None]:
-    """The first choice's message and the usage of a non-streamed chat completion."""
+def reply_from_completion(
+    payload: bytes, also: Callable[[Any], None] | None = None
+) -> tuple[Message | None, dict[str, Any] | None]:
+    """The first choice's message and the usage of a non-streamed chat completion; `also`
+    sees the parsed completion (the body is parsed once)."""
     try:
         data = orjson.loads(payload)
     except orjson.JSONDecodeError:
         return None, None
+    if also is not None:
+        also(data)
     choices = data.get("choices") if isinstance(data, dict) else None
     usage = data.get("usage") if isinstance(data, dict) else None
     message = choices[0].get("message") if choices and isinstance(choices[0], dict) else None

@@ -19,6 +19,7 @@ watermarks. Deterministic: the same conversation, boundary and policy give the s
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +57,9 @@ class Trimmed:
     patches: int = 0  # snapshots sent as JSON Patches
     schema_failures: int = 0  # snapshots sent whole because they failed their schema
     fell_back: bool = False  # the trimmed context was invalid: the untrimmed one was sent
+    saved_tokens: int = 0  # history tokens the engine was spared (0 when nothing was cut)
+    started_ns: int = 0  # perf_counter_ns() readings, for the trace's `trim` span
+    ended_ns: int = 0
 
 
 @dataclass(frozen=True)
@@ -77,6 +81,7 @@ class Trimmer:
         self._counted: dict[bytes, int] = {}
 
     def trim(self, messages: list[Message], boundary: int) -> Trimmed:
+        started = time.perf_counter_ns()
         analysis = self._analyse(messages)
         boundary = boundary if boundary > analysis.start else 0
         rendered, patches = self._render(messages, analysis, boundary)
@@ -87,8 +92,26 @@ class Trimmer:
             tokens = self._history_tokens(rendered, analysis.start)
         if problems(rendered):
             untrimmed = self._history_tokens(messages, analysis.start)
-            return Trimmed(list(messages), 0, untrimmed, fell_back=True)
-        return Trimmed(rendered, boundary, tokens, patches, analysis.schema_failures)
+            return Trimmed(
+                list(messages),
+                0,
+                untrimmed,
+                fell_back=True,
+                started_ns=started,
+                ended_ns=time.perf_counter_ns(),
+            )
+        # Counted per message and cached, so the untrimmed count costs little.
+        saved = self._history_tokens(messages, analysis.start) - tokens if boundary else 0
+        return Trimmed(
+            rendered,
+            boundary,
+            tokens,
+            patches,
+            analysis.schema_failures,
+            saved_tokens=max(0, saved),
+            started_ns=started,
+            ended_ns=time.perf_counter_ns(),
+        )
 
     def history_tokens(self, messages: list[Message]) -> int:
         return self._history_tokens(messages, prefix_length(messages))

@@ -319,7 +319,7 @@ def test_prefix_change_within_a_session_is_reported(make_client: Client) -> None
 def test_request_log_feeds_gateway_replay(redis_url: str, tmp_path: Path) -> None:
     log = tmp_path / "routes.jsonl"
     policy = parse_policy(
-        POLICY + f"state: {{redis_url: '{redis_url}'}}\nrouting: {{request_log: '{log}'}}\n"
+        POLICY + f"state: {{redis_url: '{redis_url}'}}\ntelemetry: {{request_log: '{log}'}}\n"
     )
     fake = FakeUpstream(ok)
     long_chat = {

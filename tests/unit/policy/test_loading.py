@@ -173,11 +173,11 @@ def test_missing_environment_variable_is_rejected(tmp_path: Path) -> None:
 def test_relative_paths_are_relative_to_the_policy_file(tmp_path: Path) -> None:
     path = tmp_path / "p.yaml"
     text = VALID.replace("    tier: small\n", "    tier: small\n    engine_state: run/state.json\n")
-    path.write_text(text + "state: {embedded_dir: data}\nrouting: {request_log: logs/r.jsonl}\n")
+    path.write_text(text + "state: {embedded_dir: data}\ntelemetry: {request_log: logs/r.jsonl}\n")
     policy = load_policy(path)
     assert policy.pools["chat"].engine_state == str(tmp_path / "run" / "state.json")
     assert policy.state.embedded_dir == str(tmp_path / "data")
-    assert policy.routing.request_log == str(tmp_path / "logs" / "r.jsonl")
+    assert policy.telemetry.request_log == str(tmp_path / "logs" / "r.jsonl")
 
 
 def test_unreadable_file_is_reported(tmp_path: Path) -> None:

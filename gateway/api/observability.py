@@ -1,0 +1,91 @@
+"""What operators read: `GET /v1/usage` (tokens, cost and savings per tenant, model and
+day, or per session), the dashboard page and its data."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import orjson
+from fastapi import APIRouter
+from redis.exceptions import RedisError
+from starlette.requests import Request
+from starlette.responses import Response
+
+from gateway.dashboard import PAGE
+from gateway.errors import InvalidRequest, NotFound
+from gateway.sessions.keys import DEFAULT_TENANT, SessionRef, check_session_id
+from gateway.sessions.store import StateUnavailable
+from gateway.telemetry.fleet_view import FleetView
+from gateway.telemetry.record import RequestRecord
+from gateway.telemetry.service import Telemetry
+from gateway.telemetry.usage import parse_days, summary, usage_report
+
+_MAX_DAYS = 366
+
+
+def record_of(request: Request) -> RequestRecord:
+    """The request's telemetry record (made by TelemetryMiddleware)."""
+    record = getattr(request.state, "telemetry", None)
+    return record if isinstance(record, RequestRecord) else RequestRecord.detached()
+
+
+def _json(data: Any) -> Response:
+    return Response(orjson.dumps(data), media_type="application/json")
+
+
+def build_observability_router() -> APIRouter:
+    router = APIRouter()
+
+    def telemetry(request: Request) -> Telemetry:
+        found: Telemetry = request.app.state.telemetry
+        return found
+
+    @router.get("/v1/usage")
+    async def usage(request: Request) -> Response:
+        book = telemetry(request).usage
+        if book is None:
+            raise NotFound(
+                "Usage is not kept here: `telemetry.usage.enabled` is off.", code="usage_disabled"
+            )
+        params = request.query_params
+        try:
+            if session_id := params.get("session"):
+                ref = SessionRef(DEFAULT_TENANT, check_session_id(session_id, param="session"))
+                counts = await book.session(ref)
+                if not counts:
+                    raise NotFound(f"No usage for session `{session_id}`.", param="session")
+                return _json({"object": "session.usage", "session": session_id, **summary(counts)})
+            start, end = _days(params.get("start"), params.get("end"))
+            rows = await book.read(params.get("tenant") or None, start, end)
+        except (RedisError, OSError) as exc:  # counts stay queued in memory meanwhile
+            raise StateUnavailable(f"Usage cannot be read now: {exc}") from None
+        return _json(usage_report(rows, start, end))
+
+    @router.get("/dashboard")
+    async def dashboard() -> Response:
+        return Response(PAGE, media_type="text/html; charset=utf-8")
+
+    @router.get("/dashboard/data")
+    async def dashboard_data(request: Request) -> Response:
+        view: FleetView = request.app.state.fleet_view
+        return _json(telemetry(request).live.snapshot(view.replicas()))
+
+    return router
+
+
+def _days(start: str | None, end: str | None) -> tuple[dt.date, dt.date]:
+    today = dt.datetime.now(dt.UTC).date()
+    try:
+        first, last = parse_days(start, end, today)
+    except ValueError:
+        raise InvalidRequest(
+            "`start` and `end` are dates such as 2026-11-30.", param="start", code="invalid_date"
+        ) from None
+    if last < first:
+        raise InvalidRequest("`end` is before `start`.", param="end", code="invalid_date")
+    if (last - first).days >= _MAX_DAYS:
+        raise InvalidRequest(
+            f"At most {_MAX_DAYS} days at once.", param="start", code="invalid_date"
+        )
+    return first, last

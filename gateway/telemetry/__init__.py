@@ -1,0 +1,1 @@
+"""Telemetry: per-request records turned into metrics, usage, logs and spans."""

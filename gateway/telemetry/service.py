@@ -1,0 +1,146 @@
+"""Telemetry: starts a request's record, and when the response has been sent turns it into
+metrics, the dashboard's figures, usage and cost counts, a request-log line and (when
+the trace is sampled) spans.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from opentelemetry.sdk.trace import SpanProcessor
+
+from gateway.metrics import GatewayMetrics
+from gateway.periodic import Periodic
+from gateway.policy import Policy
+from gateway.sessions.keys import DEFAULT_TENANT, SessionRef
+from gateway.telemetry.live import LiveStats
+from gateway.telemetry.record import RequestRecord, TraceContext
+from gateway.telemetry.request_log import RequestLog
+from gateway.telemetry.spans import SpanWriter, otlp_processor, traces_settings
+from gateway.telemetry.usage import NANO, Prices, Spend, UsageBook, UsageLedger, day_of
+
+log = logging.getLogger(__name__)
+
+_NO_TIER = "none"  # label value when no tier was chosen (the request failed before)
+
+
+class Telemetry:
+    def __init__(
+        self,
+        policy: Policy,
+        metrics: GatewayMetrics,
+        *,
+        span_processor: SpanProcessor | None = None,
+        live: LiveStats | None = None,
+    ) -> None:
+        self.metrics = metrics
+        self.live = live or LiveStats()
+        self.prices = Prices(policy)
+        self.usage: UsageBook | None = None
+        self._policy = policy
+        self._traces = traces_settings(policy.telemetry.traces)
+        self._span_processor = span_processor  # given by tests; else made from the policy
+        self._spans: SpanWriter | None = None
+        self._sample_ratio = 0.0
+        self._capture = False
+        self._request_log: RequestLog | None = None
+        self._flusher: Periodic | None = None
+
+    def open(self, usage: UsageLedger | None) -> None:
+        """Start what runs in the background: span export, the request log's writer
+        thread, the usage flusher (inside the app's lifespan)."""
+        processor = self._span_processor or otlp_processor(self._traces)
+        if processor is not None:
+            self._spans = SpanWriter(processor, self._traces)
+            self._sample_ratio = self._traces.sample_ratio
+            self._capture = self._traces.capture_content
+            log.info(
+                "traces: %s, sampled at %g",
+                self._traces.endpoint or "given exporter",
+                self._sample_ratio,
+            )
+        log_path = self._policy.telemetry.request_log
+        self._request_log = RequestLog(Path(log_path)) if log_path else None
+        if usage is not None and self._policy.telemetry.usage.enabled:
+            self.usage = UsageBook(usage)
+            interval = self._policy.telemetry.usage.flush_interval_s
+            self._flusher = Periodic("usage-flush", interval, self._flush)
+            self._flusher.start()
+
+    def start(
+        self, request_id: str, operation: str, *, route: str, traceparent: str | None
+    ) -> RequestRecord:
+        trace = TraceContext.start(traceparent, self._sample_ratio)
+        record = RequestRecord(request_id, operation, trace, tenant=DEFAULT_TENANT, route=route)
+        record.capture = self._capture and trace.sampled
+        return record
+
+    def finish(self, record: RequestRecord) -> None:
+        """Called once per request, after its last byte was sent."""
+        spend = self.prices.spend(record)
+        self._count(record, spend)
+        self.live.add(record, spend)
+        if self.usage is not None and record.model is not None:
+            session = SessionRef(record.tenant, record.session) if record.session else None
+            key = (
+                day_of(record.wall_start_ns),
+                record.tenant,
+                record.model,
+                record.tier or _NO_TIER,
+            )
+            self.usage.add(key, session, spend.counts(record.status >= 400))
+        if self._request_log is not None:
+            self._request_log.write(record)
+        if self._spans is not None and record.trace.sampled:
+            try:
+                self._spans.write(record)
+            except Exception:  # telemetry must never fail a request that was served
+                log.exception("spans of request %s not written", record.request_id)
+
+    def _count(self, record: RequestRecord, spend: Spend) -> None:
+        m = self.metrics
+        model = record.model or "unknown"
+        tier = record.tier or _NO_TIER
+        m.requests.labels(model, tier, str(record.status)).inc()
+        if record.model is None:
+            return  # refused before the model was known: only counted
+        m.duration.labels(model, tier).observe(record.duration_ns / 1e9)
+        m.overhead.labels(model).observe(record.overhead_ns / 1e9)
+        if record.stream and record.first_byte_ns:
+            m.ttft.labels(model, tier).observe((record.first_byte_ns - record.start_ns) / 1e9)
+        tenant = record.tenant
+        if spend.input_tokens:
+            m.prompt_tokens.labels(tenant, model, tier).inc(spend.input_tokens)
+        if spend.cached_input_tokens:
+            m.cached_prompt_tokens.labels(tenant, model, tier).inc(spend.cached_input_tokens)
+        if spend.output_tokens:
+            m.completion_tokens.labels(tenant, model, tier).inc(spend.output_tokens)
+        if spend.cost_nusd:
+            m.cost.labels(tenant, model, tier).inc(spend.cost_nusd / NANO)
+        for source, nusd in (
+            ("cache", spend.saved_cache_nusd),
+            ("trimming", spend.saved_trimming_nusd),
+            ("small_tier", spend.saved_small_tier_nusd),
+        ):
+            if nusd:
+                m.savings.labels(tenant, model, source).inc(nusd / NANO)
+        if spend.trimmed_tokens:
+            m.trimmed_tokens.labels(model).inc(spend.trimmed_tokens)
+
+    async def _flush(self) -> None:
+        if self.usage is not None:
+            try:
+                await self.usage.flush()
+            except Exception as exc:  # kept in memory; the next flush tries again
+                log.debug("usage flush deferred: %s", exc)
+
+    async def close(self) -> None:
+        if self._flusher is not None:
+            await self._flusher.stop()
+        await self._flush()
+        if self._request_log is not None:
+            self._request_log.close()
+        if self._spans is not None:
+            self._spans.shutdown()  # exports what is queued
+        self._spans, self._request_log, self.usage, self._flusher = None, None, None, None

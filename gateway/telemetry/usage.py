@@ -1,0 +1,378 @@
+"""Token unit economics: what each request cost and saved, and the usage ledger.
+
+Money is counted in integer nano-dollars (a price in dollars per million tokens times a
+token count is a whole number of nano-dollars for prices with up to three decimals), so
+sums over millions of requests stay exact. Every figure comes from counted tokens:
+- cost: uncached prompt tokens at the input price, cached ones at the cached-input price,
+  completion tokens at the output price, all of the pool that answered;
+- saved by the cache: cached prompt tokens times (input price - cached-input price);
+- saved by trimming: the tokens trimming removed from the context, at the input price;
+- saved by the small tier: what the same tokens would have cost on the model alias's
+  dearest tier, less what they cost on the tier that answered.
+
+Counts are summed in memory per (day, tenant, model, tier) and per session, and written
+to Redis about once a second in one pipeline; a write that fails is kept and retried, so
+an outage of the store delays counts but does not lose them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any, Protocol
+
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from gateway.policy import Policy
+from gateway.policy.telemetry import PriceSpec
+from gateway.sessions.keys import SessionRef
+from gateway.telemetry.record import RequestRecord
+
+log = logging.getLogger(__name__)
+
+NANO = 1_000_000_000  # nano-dollars per dollar
+
+# The counters kept per (day, tenant, model, tier) and per session.
+COUNTERS = (
+    "requests",
+    "errors",
+    "input_tokens",
+    "cached_input_tokens",
+    "output_tokens",
+    "trimmed_tokens",
+    "small_tier_tokens",
+    "cost_nusd",
+    "saved_cache_nusd",
+    "saved_trimming_nusd",
+    "saved_small_tier_nusd",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Spend:
+    """One request's tokens, cost and savings."""
+
+    input_tokens: int = 0
+    cached_input_tokens: int = 0
+    output_tokens: int = 0
+    trimmed_tokens: int = 0
+    small_tier_tokens: int = 0
+    cost_nusd: int = 0
+    saved_cache_nusd: int = 0
+    saved_trimming_nusd: int = 0
+    saved_small_tier_nusd: int = 0
+
+    def counts(self, error: bool) -> dict[str, int]:
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["requests"] = 1
+        out["errors"] = int(error)
+        return out
+
+
+def _nusd(tokens: int, per_million: float) -> int:
+    return round(tokens * per_million * 1000)
+
+
+class Prices:
+    """Prices by pool, and for each routable model alias the price of its dearest tier
+    (what small-tier routing is measured against)."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.by_pool: dict[str, PriceSpec] = {
+            name: pool.price for name, pool in policy.pools.items() if pool.price is not None
+        }
+        self.reference: dict[str, PriceSpec] = {}
+        for alias, model in policy.models.items():
+            if model.tiering is None:
+                continue
+            priced = [
+                self.by_pool[pool]
+                for pool in policy.tiering[model.tiering].tiers.values()
+                if pool in self.by_pool
+            ]
+            if priced:
+                self.reference[alias] = max(priced, key=lambda p: (p.input + p.output, p.output))
+
+    def spend(self, record: RequestRecord) -> Spend:
+        result = record.result
+        prompt = result.prompt_tokens or 0
+        cached = min(result.cached_tokens or 0, prompt)
+        completion = result.completion_tokens or 0
+        price = self.by_pool.get(record.pool or "")
+        if price is None:
+            return Spend(prompt, cached, completion, record.trimmed_tokens)
+        cost = (
+            _nusd(prompt - cached, price.input)
+            + _nusd(cached, price.cached)
+            + _nusd(completion, price.output)
+        )
+        reference = self.reference.get(record.model or "")
+        saved_tier, tier_tokens = 0, 0
+        if reference is not None and reference is not price:
+            at_reference = (
+                _nusd(prompt - cached, reference.input)
+                + _nusd(cached, reference.cached)
+                + _nusd(completion, reference.output)
+            )
+            saved_tier = max(0, at_reference - cost)
+            tier_tokens = prompt + completion if saved_tier else 0
+        return Spend(
+            input_tokens=prompt,
+            cached_input_tokens=cached,
+            output_tokens=completion,
+            trimmed_tokens=record.trimmed_tokens,
+            small_tier_tokens=tier_tokens,
+            cost_nusd=cost,
+            saved_cache_nusd=_nusd(cached, price.input - price.cached),
+            saved_trimming_nusd=_nusd(record.trimmed_tokens, price.input),
+            saved_small_tier_nusd=saved_tier,
+        )
+
+
+# (day, tenant, model, tier)
+UsageKey = tuple[str, str, str, str]
+
+
+class UsageLedger(Protocol):
+    async def add(
+        self,
+        rows: Mapping[UsageKey, Mapping[str, int]],
+        sessions: Mapping[SessionRef, Mapping[str, int]],
+    ) -> None: ...
+
+    async def read(
+        self, tenant: str | None, start: dt.date, end: dt.date
+    ) -> dict[UsageKey, dict[str, int]]: ...
+
+    async def session(self, session: SessionRef) -> dict[str, int]: ...
+
+
+def _days(start: dt.date, end: dt.date) -> list[str]:
+    return [(start + dt.timedelta(days=n)).isoformat() for n in range((end - start).days + 1)]
+
+
+class RedisUsageLedger:
+    """Daily usage per tenant in one hash per (tenant, day): field `model|tier|counter`;
+    per session, a hash beside its checkpoints (same hash tag, same lifetime)."""
+
+    _TENANTS = "agw:usage:tenants"
+
+    def __init__(self, redis: Redis, *, retention_days: int, session_ttl_s: int) -> None:
+        self._redis = redis
+        self._retention_s = retention_days * 86_400
+        self._session_ttl_s = session_ttl_s
+
+    @staticmethod
+    def _day_key(tenant: str, day: str) -> str:
+        return f"agw:usage:{tenant}:{day}"
+
+    async def add(
+        self,
+        rows: Mapping[UsageKey, Mapping[str, int]],
+        sessions: Mapping[SessionRef, Mapping[str, int]],
+    ) -> None:
+        pipe = self._redis.pipeline(transaction=False)
+        touched: set[str] = set()
+        for (day, tenant, model, tier), counts in rows.items():
+            key = self._day_key(tenant, day)
+            touched.add(key)
+            pipe.sadd(self._TENANTS, tenant)
+            for counter, value in counts.items():
+                if value:
+                    pipe.hincrby(key, f"{model}|{tier}|{counter}", value)
+        for key in touched:
+            pipe.expire(key, self._retention_s)
+        for session, counts in sessions.items():
+            key = session.key("usage")
+            for counter, value in counts.items():
+                if value:
+                    pipe.hincrby(key, counter, value)
+            pipe.expire(key, self._session_ttl_s)
+        await pipe.execute()
+
+    async def read(
+        self, tenant: str | None, start: dt.date, end: dt.date
+    ) -> dict[UsageKey, dict[str, int]]:
+        if tenant is not None:
+            tenants = [tenant]
+        else:
+            tenants = sorted(_text(t) for t in await self._redis.smembers(self._TENANTS))
+        days = _days(start, end)
+        pipe = self._redis.pipeline(transaction=False)
+        wanted = [(t, d) for t in tenants for d in days]
+        for t, d in wanted:
+            pipe.hgetall(self._day_key(t, d))
+        out: dict[UsageKey, dict[str, int]] = {}
+        for (t, d), fields_ in zip(wanted, await pipe.execute(), strict=True):
+            for field_, value in fields_.items():
+                model, tier, counter = _text(field_).rsplit("|", 2)
+                out.setdefault((d, t, model, tier), {})[counter] = int(value)
+        return out
+
+    async def session(self, session: SessionRef) -> dict[str, int]:
+        raw = await self._redis.hgetall(session.key("usage"))
+        return {_text(k): int(v) for k, v in raw.items()}
+
+
+class MemoryUsageLedger:
+    """The in-memory twin, for unit tests."""
+
+    def __init__(self) -> None:
+        self.rows: dict[UsageKey, dict[str, int]] = {}
+        self.sessions: dict[SessionRef, dict[str, int]] = {}
+        self.fail = False  # set to make writes fail as a store outage would
+
+    async def add(
+        self,
+        rows: Mapping[UsageKey, Mapping[str, int]],
+        sessions: Mapping[SessionRef, Mapping[str, int]],
+    ) -> None:
+        if self.fail:
+            raise RedisError("the ledger is down")
+        for key, counts in rows.items():
+            _add_into(self.rows.setdefault(key, {}), counts)
+        for session, counts in sessions.items():
+            _add_into(self.sessions.setdefault(session, {}), counts)
+
+    async def read(
+        self, tenant: str | None, start: dt.date, end: dt.date
+    ) -> dict[UsageKey, dict[str, int]]:
+        days = set(_days(start, end))
+        return {
+            key: dict(counts)
+            for key, counts in self.rows.items()
+            if key[0] in days and (tenant is None or key[1] == tenant)
+        }
+
+    async def session(self, session: SessionRef) -> dict[str, int]:
+        return dict(self.sessions.get(session, {}))
+
+
+def _add_into(into: dict[str, int], counts: Mapping[str, int]) -> None:
+    for counter, value in counts.items():
+        into[counter] = into.get(counter, 0) + value
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class UsageBook:
+    """Sums counts in memory and writes them to the ledger in batches."""
+
+    def __init__(self, ledger: UsageLedger) -> None:
+        self._ledger = ledger
+        self._rows: dict[UsageKey, dict[str, int]] = defaultdict(dict)
+        self._sessions: dict[SessionRef, dict[str, int]] = defaultdict(dict)
+        self._lock = asyncio.Lock()
+
+    def add(self, key: UsageKey, session: SessionRef | None, counts: Mapping[str, int]) -> None:
+        _add_into(self._rows[key], counts)
+        if session is not None:
+            _add_into(self._sessions[session], counts)
+
+    async def flush(self) -> None:
+        async with self._lock:  # one writer at a time: a failed batch is merged back once
+            if not self._rows and not self._sessions:
+                return
+            rows, sessions = self._rows, self._sessions
+            self._rows, self._sessions = defaultdict(dict), defaultdict(dict)
+            try:
+                await self._ledger.add(rows, sessions)
+            except (RedisError, OSError) as exc:
+                log.warning("usage not written yet (kept for the next flush): %s", exc)
+                for key, counts in rows.items():
+                    _add_into(self._rows[key], counts)
+                for session, counts in sessions.items():
+                    _add_into(self._sessions[session], counts)
+                raise
+
+    async def read(
+        self, tenant: str | None, start: dt.date, end: dt.date
+    ) -> dict[UsageKey, dict[str, int]]:
+        await self.flush()
+        return await self._ledger.read(tenant, start, end)
+
+    async def session(self, session: SessionRef) -> dict[str, int]:
+        await self.flush()
+        return await self._ledger.session(session)
+
+
+def usage_report(
+    rows: Mapping[UsageKey, Mapping[str, int]], start: dt.date, end: dt.date
+) -> dict[str, Any]:
+    """`GET /v1/usage`'s body: one entry per (tenant, model, day), tiers within it."""
+    grouped: dict[tuple[str, str, str], dict[str, dict[str, int]]] = defaultdict(dict)
+    for (day, tenant, model, tier), counts in rows.items():
+        grouped[(tenant, model, day)][tier] = dict(counts)
+    data = []
+    for (tenant, model, day), tiers in sorted(grouped.items()):
+        total: dict[str, int] = {}
+        for counts in tiers.values():
+            _add_into(total, counts)
+        data.append(
+            {
+                "tenant": tenant,
+                "model": model,
+                "day": day,
+                **summary(total),
+                "by_tier": {tier: summary(counts) for tier, counts in sorted(tiers.items())},
+            }
+        )
+    everything: dict[str, int] = {}
+    for counts in rows.values():
+        _add_into(everything, counts)
+    return {
+        "object": "usage",
+        "start": start.isoformat(),
+        "end": end.isoformat(),
+        "currency": "USD",
+        "data": data,
+        "totals": summary(everything),
+    }
+
+
+def summary(counts: Mapping[str, int]) -> dict[str, Any]:
+    """Counters as the API shows them: tokens, dollars, ratios."""
+    c = {name: int(counts.get(name, 0)) for name in COUNTERS}
+    saved = {
+        "cache": c["saved_cache_nusd"] / NANO,
+        "trimming": c["saved_trimming_nusd"] / NANO,
+        "small_tier": c["saved_small_tier_nusd"] / NANO,
+    }
+    return {
+        "requests": c["requests"],
+        "errors": c["errors"],
+        "input_tokens": c["input_tokens"],
+        "cached_input_tokens": c["cached_input_tokens"],
+        "output_tokens": c["output_tokens"],
+        "input_output_ratio": (
+            round(c["input_tokens"] / c["output_tokens"], 3) if c["output_tokens"] else None
+        ),
+        "cache_hit_ratio": (
+            round(c["cached_input_tokens"] / c["input_tokens"], 4) if c["input_tokens"] else None
+        ),
+        "cost_usd": c["cost_nusd"] / NANO,
+        "saved_usd": {**saved, "total": sum(saved.values())},
+        "saved_tokens": {
+            "cache": c["cached_input_tokens"],
+            "trimming": c["trimmed_tokens"],
+            "small_tier": c["small_tier_tokens"],
+        },
+    }
+
+
+def day_of(wall_ns: int) -> str:
+    return dt.datetime.fromtimestamp(wall_ns / 1e9, tz=dt.UTC).date().isoformat()
+
+
+def parse_days(start: str | None, end: str | None, today: dt.date) -> tuple[dt.date, dt.date]:
+    """The `start`/`end` query parameters (ISO dates, inclusive; default: today)."""
+    first = dt.date.fromisoformat(start) if start else today
+    last = dt.date.fromisoformat(end) if end else (first if start else today)
+    return first, last
