@@ -158,8 +158,9 @@ class Pipeline:
             headers["X-Gateway-Session"] = turn.session.id
             checkpoint = self._checkpointer(turn, request, choice, dispatch, context)
         if request.stream:
+            record = context.record
             return self._relay_stream(
-                request, dispatch, headers, checkpoint, context.record.result, hide_usage
+                request, dispatch, headers, checkpoint, record.result, hide_usage, record.capture
             )
         return await self._relay_whole(
             request, dispatch, headers, checkpoint, context.record.result, answer_key
@@ -202,6 +203,7 @@ class Pipeline:
                     headers=choice.header_values(),
                 )
             choice = self._tiers.escalated(request.model, choice, problems[0][0])
+            context.record.escalating()
             escalated = True
         if turn is not None:
             headers["X-Gateway-Session"] = turn.session.id
@@ -240,7 +242,7 @@ class Pipeline:
         facts: ResultFacts,
         hide_usage: bool = False,
     ) -> Answer:
-        return await read_answer(
+        answer = await read_answer(
             dispatch,
             facts,
             stream=request.stream,
@@ -249,6 +251,8 @@ class Pipeline:
             conform=bool(request.body.get("logprobs")),
             idle_s=self._policy.timeouts.idle_s,
         )
+        facts.reply = answer.reply
+        return answer
 
     def _session_of(self, request: InboundRequest, context: RequestContext) -> SessionRef | None:
         if context.session is not None:
@@ -473,6 +477,7 @@ class Pipeline:
         checkpoint: Checkpointer | None,
         facts: ResultFacts,
         hide_usage: bool = False,
+        capture: bool = False,
     ) -> RelayResponse:
         relay = StreamRelay(
             dispatch.replica,
@@ -485,6 +490,7 @@ class Pipeline:
             on_done=checkpoint,
             hide_usage=hide_usage,
             facts=facts,
+            capture=capture,
         )
         return RelayResponse(relay, headers)
 

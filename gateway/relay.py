@@ -47,14 +47,16 @@ class StreamRelay:
         hide_usage: bool = False,
         on_end: Callable[[Outcome], None],
         facts: ResultFacts | None = None,
+        capture: bool = False,
     ) -> None:
         self.replica = replica
         # Gives the replica's slot back and tells its breaker how the stream ended.
         self._on_end = on_end
         self._broken = False
-        # A session turn: collect the reply as it passes and checkpoint it before [DONE].
+        # A session turn: collect the reply as it passes and checkpoint it before [DONE];
+        # collected too when the trace records the answer's content.
         self._on_done = on_done
-        self._reply = ReplyCollector() if on_done is not None else None
+        self._reply = ReplyCollector() if on_done is not None or capture else None
         # The gateway asked for the usage chunk, not the client: it is not passed on.
         self._hide_usage = hide_usage
         # Model, usage and finish reasons, for telemetry (read from the few events that
@@ -99,6 +101,8 @@ class StreamRelay:
                     usage_only = self._facts.observe_event(event)
                     if self._reply is not None and not self._reply.done:
                         self._reply.feed(event)
+                        if self._reply.done:
+                            self._facts.reply = self._reply.message()
                         if self._reply.done and self._on_done is not None:
                             try:
                                 await self._on_done(self._reply.message(), self._reply.usage)

@@ -111,6 +111,7 @@ class ResultFacts:
     completion_tokens: int | None = None
     cached_tokens: int | None = None
     finish_reasons: list[str] = field(default_factory=list)
+    reply: Any = None  # the answer's message (on spans only when content is captured)
 
     def take(self, data: Any) -> None:
         """Take in a completion, or one chunk of a stream."""
@@ -195,16 +196,18 @@ class RequestRecord:
         self.trimmed_tokens = 0
         self.trim_fell_back = False
         self.result = ResultFacts()
+        # Answers read before this one that failed their checks: (pool, facts).
+        self.earlier: list[tuple[str | None, ResultFacts]] = []
         self.status = 0
         self.error_type: str | None = None
         self.first_byte_ns = 0
         self.end_ns = 0
         self.stages: list[Stage] = []
         self.attempts: list[Attempt] = []
-        # Prompt and answer text, only when the policy opts in to capturing content.
+        # The prompt (and, in result.reply, the answer) only when the policy opts in to
+        # capturing content and the trace is sampled.
         self.capture = False
         self.input_messages: Any = None
-        self.output_text: str | None = None
 
     @classmethod
     def detached(cls) -> RequestRecord:
@@ -231,6 +234,12 @@ class RequestRecord:
         if trace.parent_span_id is not None:  # not recorded here: pass the client's on
             return {"traceparent": trace.traceparent(trace.parent_span_id)}
         return {}
+
+    def escalating(self) -> None:
+        """The answer just read failed its checks; the next one is read afresh (the
+        failed one is still paid for)."""
+        self.earlier.append((self.pool, self.result))
+        self.result = ResultFacts()
 
     def routed(self, replica: str, pool: str, reason: str, cached: int) -> None:
         self.replica, self.pool, self.route_reason, self.cached_blocks = (

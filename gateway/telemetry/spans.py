@@ -176,8 +176,8 @@ class SpanWriter:
         if self._capture:
             if record.input_messages is not None:
                 attributes[names.GEN_AI_INPUT_MESSAGES] = _json(record.input_messages)
-            if record.output_text is not None:
-                attributes[names.GEN_AI_OUTPUT_MESSAGES] = record.output_text
+            if result.reply is not None:
+                attributes[names.GEN_AI_OUTPUT_MESSAGES] = _json([result.reply])
         return attributes
 
     def _context(self, trace_id: int, span_id: int) -> SpanContext:

@@ -22,7 +22,7 @@ import datetime as dt
 import logging
 from collections import defaultdict
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import astuple, dataclass, fields
 from typing import Any, Protocol
 
 from redis.asyncio import Redis
@@ -31,7 +31,7 @@ from redis.exceptions import RedisError
 from gateway.policy import Policy
 from gateway.policy.telemetry import PriceSpec
 from gateway.sessions.keys import SessionRef
-from gateway.telemetry.record import RequestRecord
+from gateway.telemetry.record import RequestRecord, ResultFacts
 
 log = logging.getLogger(__name__)
 
@@ -99,19 +99,29 @@ class Prices:
                 self.reference[alias] = max(priced, key=lambda p: (p.input + p.output, p.output))
 
     def spend(self, record: RequestRecord) -> Spend:
-        result = record.result
+        """The request's spend: its answer's, plus any answer that failed its checks and
+        was escalated (paid for, saving nothing)."""
+        total = self._answer(record.model, record.pool, record.result, record.trimmed_tokens)
+        for pool, result in record.earlier:
+            wasted = self._answer(None, pool, result, 0)
+            total = Spend(*(a + b for a, b in zip(astuple(total), astuple(wasted), strict=True)))
+        return total
+
+    def _answer(
+        self, model: str | None, pool: str | None, result: ResultFacts, trimmed: int
+    ) -> Spend:
         prompt = result.prompt_tokens or 0
         cached = min(result.cached_tokens or 0, prompt)
         completion = result.completion_tokens or 0
-        price = self.by_pool.get(record.pool or "")
+        price = self.by_pool.get(pool or "")
         if price is None:
-            return Spend(prompt, cached, completion, record.trimmed_tokens)
+            return Spend(prompt, cached, completion, trimmed)
         cost = (
             _nusd(prompt - cached, price.input)
             + _nusd(cached, price.cached)
             + _nusd(completion, price.output)
         )
-        reference = self.reference.get(record.model or "")
+        reference = self.reference.get(model or "")
         saved_tier, tier_tokens = 0, 0
         if reference is not None and reference is not price:
             at_reference = (
@@ -125,11 +135,11 @@ class Prices:
             input_tokens=prompt,
             cached_input_tokens=cached,
             output_tokens=completion,
-            trimmed_tokens=record.trimmed_tokens,
+            trimmed_tokens=trimmed,
             small_tier_tokens=tier_tokens,
             cost_nusd=cost,
             saved_cache_nusd=_nusd(cached, price.input - price.cached),
-            saved_trimming_nusd=_nusd(record.trimmed_tokens, price.input),
+            saved_trimming_nusd=_nusd(trimmed, price.input),
             saved_small_tier_nusd=saved_tier,
         )
 

@@ -244,3 +244,40 @@ def test_dashboard_data_shows_traffic(traced: OpenTraced) -> None:
     assert {r["breaker"] for r in data["replicas"]} == {"closed"}
     page = gw.client.get("/dashboard")
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+
+
+def test_an_escalated_answer_is_paid_for_as_well(traced: OpenTraced) -> None:
+    def engine(call: Call) -> Scripted:
+        small = orjson.loads(call.body)["model"] == "served-small"
+        content = "not json at all" if small else '{"label": "spam"}'
+        payload = orjson.loads(completion(100, 0, 20))
+        payload["choices"][0]["message"]["content"] = content
+        return Scripted(body=orjson.dumps(payload))
+
+    gw = traced(engine)
+    schema = {
+        "type": "object",
+        "properties": {"label": {"enum": ["spam", "ham"]}},
+        "required": ["label"],
+        "additionalProperties": False,
+    }
+    response = gw.client.post(
+        "/v1/chat/completions",
+        json={
+            "model": f"{gw.alias}-auto",
+            "messages": [{"role": "user", "content": "spam?"}],
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "label", "schema": schema},
+            },
+        },
+    )
+    assert response.status_code == 200
+    assert response.headers["x-gateway-tier"] == "large"
+    assert len(gw.fake.calls) == 2  # small first, then large
+    (row,) = [r for r in _usage(gw.client)["data"] if r["model"] == f"{gw.alias}-auto"]
+    # Both answers' tokens were processed and both are paid for.
+    assert (row["requests"], row["input_tokens"], row["output_tokens"]) == (1, 200, 40)
+    small, large = 100 * 0.10 + 20 * 0.40, 100 * 3.0 + 20 * 15.0
+    assert row["cost_usd"] == pytest.approx((small + large) / 1e6)
+    assert row["saved_usd"]["small_tier"] == 0

@@ -137,6 +137,7 @@ def test_content_is_recorded_only_when_the_policy_opts_in(traced: OpenTraced) ->
     root = _by_name(gw.spans.get_finished_spans())[f"chat {gw.alias}"][0]
     attrs = dict(root.attributes or {})
     assert "secret plan" in str(attrs["gen_ai.input.messages"])
+    assert "fine" in str(attrs["gen_ai.output.messages"])
     assert "sk-very-secret" not in repr(attrs)
 
 
@@ -172,3 +173,19 @@ def test_retries_are_one_span_each_and_a_failed_request_is_an_error_span(
     root = next(s for s in gw.spans.get_finished_spans() if s.kind is SpanKind.SERVER)
     assert not root.status.is_ok
     assert dict(root.attributes or {})["error.type"] == "no_healthy_replica"
+
+
+def test_a_streamed_answer_is_captured_when_opted_in(traced: OpenTraced) -> None:
+    chunk = b'data: {"id":"c","model":"served-large","choices":[{"index":0,"delta":{"content":"%s"}}]}\n\n'
+
+    def stream(call: Call) -> Scripted:
+        return Scripted(
+            chunks=[chunk % b"hello ", chunk % b"world", b"data: [DONE]\n\n"],
+            content_type="text/event-stream",
+        )
+
+    gw = traced(stream, capture=True)
+    response = gw.client.post("/v1/chat/completions", json=_chat(gw.alias, stream=True))
+    assert b"hello" in response.content
+    root = _by_name(gw.spans.get_finished_spans())[f"chat {gw.alias}"][0]
+    assert "hello world" in str(dict(root.attributes or {})["gen_ai.output.messages"])
