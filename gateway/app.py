@@ -8,6 +8,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
@@ -15,7 +16,9 @@ from opentelemetry.sdk.trace import SpanProcessor
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import ASGIApp
 
+from gateway.api.calls import ApiCalls
 from gateway.api.observability import build_observability_router
 from gateway.api.responses import build_responses_router
 from gateway.api.routes import build_api_router
@@ -30,7 +33,7 @@ from gateway.errors import (
 )
 from gateway.health import HealthMonitor
 from gateway.metrics import GatewayMetrics
-from gateway.middleware import RequestIdMiddleware, TelemetryMiddleware
+from gateway.middleware import EdgeMiddleware
 from gateway.pipeline import Pipeline
 from gateway.policy import Policy
 from gateway.prefix_watch import RedisFingerprints
@@ -146,21 +149,35 @@ def create_app(
             metrics.registry.unregister(fleet_view)
             await state.close()
 
-    app = FastAPI(
+    app = _GatewayApp(
+        telemetry,
+        policy.limits.max_body_bytes,
         title="agent-gateway",
         lifespan=lifespan,
         docs_url=None,
         redoc_url=None,
         openapi_url=None,
     )
-    app.add_middleware(TelemetryMiddleware, telemetry=telemetry)
-    app.add_middleware(RequestIdMiddleware)  # outermost: telemetry reads the id
     app.include_router(build_api_router(policy, fleet, state, metrics))
     app.include_router(build_observability_router())
     app.include_router(build_sessions_router())
-    app.include_router(build_responses_router(policy.limits.max_body_bytes))
+    app.include_router(build_responses_router())
     _install_error_handlers(app)
     return app
+
+
+class _GatewayApp(FastAPI):
+    """FastAPI, with the request id, telemetry and the hot API calls in plain ASGI in
+    front of its own stack (gateway/api/calls.py says why)."""
+
+    def __init__(self, telemetry: Telemetry, max_body_bytes: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._gateway_telemetry = telemetry
+        self._max_body_bytes = max_body_bytes
+
+    def build_middleware_stack(self) -> ASGIApp:
+        calls = ApiCalls(super().build_middleware_stack(), max_body_bytes=self._max_body_bytes)
+        return EdgeMiddleware(calls, self._gateway_telemetry)
 
 
 def _no_stats(url: str) -> EngineStats | None:

@@ -1,4 +1,13 @@
-"""Plain ASGI middleware (no BaseHTTPMiddleware: it would buffer and slow streaming)."""
+"""The gateway's edge, in plain ASGI (no BaseHTTPMiddleware: it would buffer and slow
+streaming): one wrapper around every request, so the response's `send` is wrapped once.
+
+- X-Request-Id: a client's is accepted when short and printable (it is echoed and sent
+  upstream), else one is generated; `request.state.request_id` holds it.
+- For the API calls, a telemetry record: started with the client's `traceparent`, told
+  the status, the first and the last byte as they are sent, and handed to telemetry once
+  the response is complete, whatever happened in between. Its trace id is returned in
+  X-Gateway-Trace-Id.
+"""
 
 from __future__ import annotations
 
@@ -8,41 +17,10 @@ import uuid
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gateway.telemetry.record import RequestRecord
 from gateway.telemetry.service import Telemetry
 
-# Accept a client's id only if it is short and printable; it is echoed and sent upstream.
 _CLIENT_ID = re.compile(rb"^[A-Za-z0-9._:/=+-]{1,128}$")
-
-
-class RequestIdMiddleware:
-    """Accept or generate X-Request-Id, expose it as `request.state.request_id`, echo it."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        request_id = ""
-        for name, value in scope["headers"]:
-            if name == b"x-request-id" and _CLIENT_ID.match(value):
-                request_id = value.decode("ascii")
-                break
-        if not request_id:
-            request_id = uuid.uuid4().hex
-        scope.setdefault("state", {})["request_id"] = request_id
-        header = (b"x-request-id", request_id.encode("ascii"))
-
-        async def send_with_id(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                headers = [h for h in message.get("headers", []) if h[0] != b"x-request-id"]
-                headers.append(header)
-                message["headers"] = headers
-            await send(message)
-
-        await self.app(scope, receive, send_with_id)
-
 
 # The API calls that make a request record (and count in metrics, usage and traces).
 _OPERATIONS = {
@@ -53,45 +31,53 @@ _OPERATIONS = {
 }
 
 
-class TelemetryMiddleware:
-    """Starts each API call's record (trace context from the client's `traceparent`),
-    notes its status, first byte and last byte as they are sent, and hands it to
-    telemetry once the response is complete, whatever happened in between."""
-
+class EdgeMiddleware:
     def __init__(self, app: ASGIApp, telemetry: Telemetry) -> None:
         self.app = app
         self.telemetry = telemetry
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        operation = _OPERATIONS.get(scope["path"]) if scope["type"] == "http" else None
-        if operation is None or scope["method"] != "POST":
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        traceparent = None
+        request_id = traceparent = ""
         for name, value in scope["headers"]:
-            if name == b"traceparent":
+            if name == b"x-request-id" and _CLIENT_ID.match(value):
+                request_id = value.decode("ascii")
+            elif name == b"traceparent":
                 traceparent = value.decode("latin-1")
-                break
+        request_id = request_id or uuid.uuid4().hex
         state = scope.setdefault("state", {})
-        record = self.telemetry.start(
-            state.get("request_id", ""), operation, route=scope["path"], traceparent=traceparent
-        )
-        state["telemetry"] = record
-        trace_header = (b"x-gateway-trace-id", record.trace.trace_id_hex.encode("ascii"))
+        state["request_id"] = request_id
+        added = [(b"x-request-id", request_id.encode("ascii"))]
+        operation = _OPERATIONS.get(scope["path"]) if scope["method"] == "POST" else None
+        record: RequestRecord | None = None
+        if operation is not None:
+            record = self.telemetry.start(
+                request_id, operation, route=scope["path"], traceparent=traceparent or None
+            )
+            state["telemetry"] = record
+            added.append((b"x-gateway-trace-id", record.trace.trace_id_hex.encode("ascii")))
 
-        async def observe(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                record.status = message["status"]
-                message["headers"] = [*message.get("headers", []), trace_header]
-            elif message["type"] == "http.response.body":
+        async def observed(message: Message) -> None:
+            kind = message["type"]
+            if kind == "http.response.start":
+                headers = [h for h in message.get("headers", ()) if h[0] != b"x-request-id"]
+                message["headers"] = headers + added
+                if record is not None:
+                    record.status = message["status"]
+            elif kind == "http.response.body" and record is not None:
                 if not record.first_byte_ns and message.get("body"):
                     record.first_byte_ns = time.perf_counter_ns()
                 if not message.get("more_body", False):
                     record.end_ns = time.perf_counter_ns()
             await send(message)
 
+        if record is None:
+            await self.app(scope, receive, observed)
+            return
         try:
-            await self.app(scope, receive, observe)
+            await self.app(scope, receive, observed)
         finally:
             record.end_ns = record.end_ns or time.perf_counter_ns()
             record.status = record.status or 500  # an error escaped: the server answers 500

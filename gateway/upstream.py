@@ -80,6 +80,7 @@ class _AiohttpResponse:
 class AiohttpUpstream:
     def __init__(self, session: aiohttp.ClientSession) -> None:
         self.session = session
+        self._timeouts: dict[float, aiohttp.ClientTimeout] = {}  # built once per setting
 
     @classmethod
     def create(cls, *, max_connections: int = 1024) -> AiohttpUpstream:
@@ -101,7 +102,10 @@ class AiohttpUpstream:
     async def post(
         self, url: str, body: bytes, headers: Mapping[str, str], *, connect_timeout_s: float
     ) -> UpstreamResponse:
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s)
+        timeout = self._timeouts.get(connect_timeout_s)
+        if timeout is None:
+            timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s)
+            self._timeouts[connect_timeout_s] = timeout
         try:
             resp = await self.session.post(url, data=body, headers=dict(headers), timeout=timeout)
         except aiohttp.ClientConnectorError as exc:

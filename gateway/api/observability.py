@@ -25,7 +25,7 @@ _MAX_DAYS = 366
 
 
 def record_of(request: Request) -> RequestRecord:
-    """The request's telemetry record (made by TelemetryMiddleware)."""
+    """The request's telemetry record (made by EdgeMiddleware)."""
     record = getattr(request.state, "telemetry", None)
     return record if isinstance(record, RequestRecord) else RequestRecord.detached()
 

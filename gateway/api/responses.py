@@ -1,4 +1,5 @@
-"""The Responses API routes: thin, the work is in gateway/responses/service.py."""
+"""The Responses API routes for stored responses (creating one is an API call:
+gateway/api/calls.py); the work is in gateway/responses/service.py."""
 
 from __future__ import annotations
 
@@ -7,22 +8,15 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.api.body import read_body
-from gateway.api.observability import record_of
 from gateway.responses.service import ResponsesService
 
 
-def build_responses_router(max_body_bytes: int) -> APIRouter:
+def build_responses_router() -> APIRouter:
     router = APIRouter()
 
     def service(request: Request) -> ResponsesService:
         found: ResponsesService = request.app.state.responses
         return found
-
-    @router.post("/v1/responses")
-    async def create(request: Request) -> Response:
-        body = await read_body(request, max_body_bytes)
-        return await service(request).create(body, record_of(request))
 
     @router.get("/v1/responses/{response_id}")
     async def retrieve(response_id: str, request: Request) -> Response:

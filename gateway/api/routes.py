@@ -7,15 +7,11 @@ from typing import Any
 
 import orjson
 from fastapi import APIRouter
-from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.api.body import read_body
-from gateway.api.observability import record_of
 from gateway.errors import ModelNotFound
 from gateway.metrics import GatewayMetrics
-from gateway.pipeline import Pipeline, RequestContext
-from gateway.policy import Endpoint, Policy
+from gateway.policy import Policy
 from gateway.replicas import Fleet
 from gateway.state_store import StateStore
 
@@ -28,32 +24,7 @@ def build_api_router(
     policy: Policy, fleet: Fleet, store: StateStore, metrics: GatewayMetrics
 ) -> APIRouter:
     router = APIRouter()
-    limit = policy.limits.max_body_bytes
     created = int(time.time())
-
-    async def forward(request: Request, endpoint: Endpoint) -> Response:
-        pipeline: Pipeline = request.app.state.pipeline
-        body = await read_body(request, limit)
-        context = RequestContext(
-            request_id=request.state.request_id,
-            session_id=request.headers.get("x-session-id") or None,
-            context_mode=request.headers.get("x-context-mode"),
-            task=request.headers.get("x-task") or None,
-            record=record_of(request),
-        )
-        return await pipeline.handle(endpoint, body, context)
-
-    @router.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Response:
-        return await forward(request, Endpoint.chat)
-
-    @router.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        return await forward(request, Endpoint.completions)
-
-    @router.post("/v1/embeddings")
-    async def embeddings(request: Request) -> Response:
-        return await forward(request, Endpoint.embeddings)
 
     def model_card(alias: str) -> dict[str, Any]:
         return {"id": alias, "object": "model", "created": created, "owned_by": "agent-gateway"}

@@ -223,6 +223,20 @@ def test_method_not_allowed_and_unknown_route_are_openai_shaped(make_client: Cli
     assert missing.json()["error"]["type"] == "invalid_request_error"
 
 
+def test_a_bug_on_the_request_path_is_a_500_without_internals(make_client: Client) -> None:
+    def broken(call: Call) -> Scripted:
+        raise RuntimeError("secret internal detail")
+
+    client, _ = make_client(broken)
+    response = client.post("/v1/chat/completions", json=CHAT, headers={"X-Request-Id": "bug-1"})
+    assert response.status_code == 500
+    error = response.json()["error"]
+    assert error["type"] == "server_error"
+    assert "secret" not in response.text
+    assert response.headers["x-request-id"] == "bug-1"
+    assert 'status="500"' in client.get("/metrics").text
+
+
 def test_models_lists_the_policy_aliases(make_client: Client) -> None:
     client, _ = make_client(ok)
     listing = client.get("/v1/models").json()
