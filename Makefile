@@ -8,7 +8,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: run test check lint typecheck unit integration engine-env schema engine-validate clean help bench-routing bench-sessions bench-tiers bench-faults bench-telemetry traces browser phoenix-env
+.PHONY: run test check lint typecheck unit integration engine-env schema engine-validate clean help bench-routing bench-sessions bench-tiers bench-faults bench-telemetry traces browser phoenix-env bench
 
 help:
 	@echo "make run    - engines + gateway on http://127.0.0.1:8080 (Ctrl-C stops all)"
@@ -19,6 +19,7 @@ help:
 	@echo "make bench-faults  - 200 streaming clients, a replica killed and restarted (about 2 min)"
 	@echo "make bench-tiers   - learned tier router on RouteLLM labels, held out by group (about 3 min)"
 	@echo "make bench-routing - trace replay, routing overhead, tau-bench on real vLLM (about 15 min)"
+	@echo "make bench  - overhead side by side: gateway, bare proxy, LiteLLM, vllm-router, Portkey (about 17 min)"
 
 $(STAMP): pyproject.toml
 	@echo "setup: gateway environment $(VENV)"
@@ -107,3 +108,9 @@ clean:
 # `make run` with every request traced to a local Arize Phoenix UI (dev only; Ctrl-C stops all).
 traces: $(STAMP) engine-env phoenix-env
 	@bash deploy/observability/traces.sh
+
+# What the gateway adds to a request beside a bare proxy and peer gateways (LiteLLM,
+# vllm-router, Portkey), all in front of one mock engine; peers in their own cached envs.
+bench: $(STAMP)
+	@bash tests/bench/overhead/peers-env.sh
+	@$(BIN)/python -m tests.bench.overhead.run
