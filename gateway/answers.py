@@ -78,6 +78,7 @@ async def read_answer(
                 reply, usage = reply_from_completion(payload, facts.take)
                 answer = Answer(reply, usage, payload, response.content_type)
         outcome = "ok"
+        facts.reply = answer.reply
         return answer
     except TimeoutError:
         outcome = "failed"

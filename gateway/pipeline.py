@@ -37,6 +37,7 @@ from gateway.sessions.checkpoints import Message
 from gateway.sessions.keys import SessionRef, session_for
 from gateway.sessions.store import StateUnavailable
 from gateway.sessions.turns import SessionTurns, Turn, context_mode
+from gateway.telemetry import names
 from gateway.telemetry.record import RequestRecord, ResultFacts, Stage
 from gateway.tiering.chooser import TierChoice, TierChooser, load_learned_router
 from gateway.tiering.memory import MemorySessionTiers
@@ -117,7 +118,7 @@ class Pipeline:
         record = context.record
         request = parse_request(endpoint, raw_body)
         self._tiers.check_model(request.model, endpoint)
-        _note_request(record, request)  # only known aliases become metric labels
+        record.note_request(request)  # after the check: only known aliases become labels
         session = self._session_of(request, context)
         record.session = session.id if session else None
         with record.stage("hydrate"):
@@ -152,19 +153,14 @@ class Pipeline:
             if cached is None:
                 raise
             return cached
-        headers = self._dispatched(request, route, choice, dispatch, notes, context.record)
+        headers = self._dispatched(request, route, choice, dispatch, notes, record)
         checkpoint = None
         if turn is not None:
             headers["X-Gateway-Session"] = turn.session.id
             checkpoint = self._checkpointer(turn, request, choice, dispatch, context)
         if request.stream:
-            record = context.record
-            return self._relay_stream(
-                request, dispatch, headers, checkpoint, record.result, hide_usage, record.capture
-            )
-        return await self._relay_whole(
-            request, dispatch, headers, checkpoint, context.record.result, answer_key
-        )
+            return self._relay_stream(request, dispatch, headers, checkpoint, record, hide_usage)
+        return await self._relay_whole(request, dispatch, headers, checkpoint, record, answer_key)
 
     async def _checked(
         self,
@@ -242,7 +238,7 @@ class Pipeline:
         facts: ResultFacts,
         hide_usage: bool = False,
     ) -> Answer:
-        answer = await read_answer(
+        return await read_answer(
             dispatch,
             facts,
             stream=request.stream,
@@ -251,8 +247,6 @@ class Pipeline:
             conform=bool(request.body.get("logprobs")),
             idle_s=self._policy.timeouts.idle_s,
         )
-        facts.reply = answer.reply
-        return answer
 
     def _session_of(self, request: InboundRequest, context: RequestContext) -> SessionRef | None:
         if context.session is not None:
@@ -300,7 +294,7 @@ class Pipeline:
                     "trim",
                     trimmed.started_ns,
                     trimmed.ended_ns,
-                    {"gateway.trim.saved_tokens": trimmed.saved_tokens},
+                    {names.TRIMMED_TOKENS: trimmed.saved_tokens},
                 )
             )
         return turn, request, False
@@ -442,10 +436,10 @@ class Pipeline:
         dispatch: Dispatch,
         headers: dict[str, str],
         checkpoint: Checkpointer | None,
-        facts: ResultFacts,
+        record: RequestRecord,
         answer_key: str | None = None,
     ) -> Response:
-        answer = await self._read_answer(request, dispatch, facts)
+        answer = await self._read_answer(request, dispatch, record.result)
         if checkpoint is not None:
             turn_number = await checkpoint(answer.reply, answer.usage)
             _report_turn(headers, turn_number)
@@ -475,9 +469,8 @@ class Pipeline:
         dispatch: Dispatch,
         headers: dict[str, str],
         checkpoint: Checkpointer | None,
-        facts: ResultFacts,
+        record: RequestRecord,
         hide_usage: bool = False,
-        capture: bool = False,
     ) -> RelayResponse:
         relay = StreamRelay(
             dispatch.replica,
@@ -489,8 +482,8 @@ class Pipeline:
             conform=bool(request.body.get("logprobs")),
             on_done=checkpoint,
             hide_usage=hide_usage,
-            facts=facts,
-            capture=capture,
+            facts=record.result,
+            capture=record.capture,
         )
         return RelayResponse(relay, headers)
 
@@ -499,18 +492,6 @@ def _report_turn(headers: dict[str, str], turn_number: int | None) -> None:
     headers["X-Gateway-Session-Turn"] = str(turn_number) if turn_number else "unsaved"
     if not turn_number:
         headers["X-Gateway-Degraded"] = "checkpoint"
-
-
-def _note_request(record: RequestRecord, request: InboundRequest) -> None:
-    record.model = request.model
-    record.stream = request.stream
-    body = request.body
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    record.max_tokens = max_tokens if isinstance(max_tokens, int) else None
-    temperature = body.get("temperature")
-    record.temperature = temperature if isinstance(temperature, int | float) else None
-    if record.capture:
-        record.input_messages = body.get("messages", body.get("prompt", body.get("input")))
 
 
 def _with_usage(request: InboundRequest) -> tuple[InboundRequest, bool]:

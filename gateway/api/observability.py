@@ -17,17 +17,10 @@ from gateway.errors import InvalidRequest, NotFound
 from gateway.sessions.keys import DEFAULT_TENANT, SessionRef, check_session_id
 from gateway.sessions.store import StateUnavailable
 from gateway.telemetry.fleet_view import FleetView
-from gateway.telemetry.record import RequestRecord
 from gateway.telemetry.service import Telemetry
 from gateway.telemetry.usage import parse_days, summary, usage_report
 
 _MAX_DAYS = 366
-
-
-def record_of(request: Request) -> RequestRecord:
-    """The request's telemetry record (made by EdgeMiddleware)."""
-    record = getattr(request.state, "telemetry", None)
-    return record if isinstance(record, RequestRecord) else RequestRecord.detached()
 
 
 def _json(data: Any) -> Response:

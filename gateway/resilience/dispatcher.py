@@ -48,6 +48,7 @@ from gateway.replicas import Pool, Replica
 from gateway.resilience.breaker import ReplicaBreaker
 from gateway.routing.costs import RouteRequest
 from gateway.routing.router import Decision, EngineLoad, Router
+from gateway.telemetry import names
 from gateway.telemetry.record import Attempt, RequestRecord
 from gateway.upstream import ConnectFailed, Upstream, UpstreamResponse
 
@@ -173,11 +174,10 @@ class Dispatcher:
         body: bytes,
         headers: dict[str, str],
         route: RouteRequest,
-        record: RequestRecord | None = None,
+        record: RequestRecord,
     ) -> Dispatch:
         total_s = self._policy.timeouts.total_s
         deadline = asyncio.get_running_loop().time() + total_s
-        record = record or RequestRecord.detached()
         outbound = _Outbound(pool, model, path, body, headers, route, record)
         retries = self._policy.resilience.retries
         tried: set[Replica] = set()
@@ -209,13 +209,9 @@ class Dispatcher:
         exclude = frozenset(tried) if any(r not in tried for r in candidates) else frozenset()
         with outbound.record.stage("choose_replica") as stage:
             decision = self._router.choose(candidates, outbound.route, exclude)
-        if decision is not None:
-            stage.attributes = {
-                "gateway.replica": decision.replica.id,
-                "gateway.route.reason": decision.reason,
-            }
         if decision is None:
             raise self._none_healthy(model)
+        stage.attributes = {names.REPLICA: decision.replica.id, names.ROUTE_REASON: decision.reason}
         replica = decision.replica
         tried.add(replica)
         breaker = self._breakers.of(replica)

@@ -46,7 +46,7 @@ class ResponsesService:
         self._checkpoints = checkpoints
         self._records = records
 
-    async def create(self, raw: bytes, record: RequestRecord | None = None) -> Response:
+    async def create(self, raw: bytes, record: RequestRecord) -> Response:
         request = _parse(raw)
         response_id = f"resp_{uuid.uuid4().hex}"
         created_at = int(time.time())
@@ -64,7 +64,7 @@ class ResponsesService:
         context = RequestContext(
             request_id=response_id,
             session=(session or _new_session(response_id)) if store else None,
-            record=record or RequestRecord.detached(),
+            record=record,
         )
         reply = await self._pipeline.handle(Endpoint.chat, orjson.dumps(body), context)
         record_base = {

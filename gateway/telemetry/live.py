@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.telemetry.record import RequestRecord
-from gateway.telemetry.usage import NANO, Spend
+from gateway.telemetry.usage import summary
 
 _TTFT_SAMPLES = 1024  # per bucket: enough for a p95, bounded memory
 
@@ -59,27 +59,16 @@ class LiveStats:
             self._buckets.popleft()
         return self._buckets[-1]
 
-    def add(self, record: RequestRecord, spend: Spend) -> None:
+    def add(self, record: RequestRecord, counts: dict[str, int]) -> None:
+        """One finished request, with its ledger counters (Spend.counts)."""
         bucket = self._bucket(self._clock())
-        error = record.status >= 400
         bucket.requests += 1
-        bucket.errors += error
-        bucket.prompt_tokens += spend.input_tokens
-        bucket.cached_prompt_tokens += spend.cached_input_tokens
+        bucket.errors += counts["errors"]
+        bucket.prompt_tokens += counts["input_tokens"]
+        bucket.cached_prompt_tokens += counts["cached_input_tokens"]
         if record.first_byte_ns and record.stream and len(bucket.ttft_ms) < _TTFT_SAMPLES:
             bucket.ttft_ms.append((record.first_byte_ns - record.start_ns) / 1e6)
-        totals = self._totals
-        totals["requests"] += 1
-        totals["errors"] += error
-        totals["prompt_tokens"] += spend.input_tokens
-        totals["cached_prompt_tokens"] += spend.cached_input_tokens
-        totals["completion_tokens"] += spend.output_tokens
-        totals["cost_nusd"] += spend.cost_nusd
-        totals["saved_cache_nusd"] += spend.saved_cache_nusd
-        totals["saved_trimming_nusd"] += spend.saved_trimming_nusd
-        totals["saved_small_tier_nusd"] += spend.saved_small_tier_nusd
-        totals["trimmed_tokens"] += spend.trimmed_tokens
-        totals["small_tier_tokens"] += spend.small_tier_tokens
+        self._totals.update(counts)
         if record.tier is not None:
             self._tiers[record.tier] += 1
         if record.replica is not None:
@@ -112,34 +101,22 @@ class LiveStats:
                     ),
                 }
             )
-        t = self._totals
+        totals = summary(self._totals)  # the same figures as GET /v1/usage
         return {
             "now": now,
             "window_s": self.window_s,
             "bucket_s": self.bucket_s,
             "series": series,
             "totals": {
-                "requests": t["requests"],
-                "errors": t["errors"],
-                "prompt_tokens": t["prompt_tokens"],
-                "cached_prompt_tokens": t["cached_prompt_tokens"],
-                "completion_tokens": t["completion_tokens"],
-                "cache_hit_ratio": (
-                    round(t["cached_prompt_tokens"] / t["prompt_tokens"], 4)
-                    if t["prompt_tokens"]
-                    else None
-                ),
-                "cost_usd": t["cost_nusd"] / NANO,
-                "saved_usd": {
-                    "cache": t["saved_cache_nusd"] / NANO,
-                    "trimming": t["saved_trimming_nusd"] / NANO,
-                    "small_tier": t["saved_small_tier_nusd"] / NANO,
-                },
-                "saved_tokens": {
-                    "cache": t["cached_prompt_tokens"],
-                    "trimming": t["trimmed_tokens"],
-                    "small_tier": t["small_tier_tokens"],
-                },
+                "requests": totals["requests"],
+                "errors": totals["errors"],
+                "prompt_tokens": totals["input_tokens"],
+                "cached_prompt_tokens": totals["cached_input_tokens"],
+                "completion_tokens": totals["output_tokens"],
+                "cache_hit_ratio": totals["cache_hit_ratio"],
+                "cost_usd": totals["cost_usd"],
+                "saved_usd": totals["saved_usd"],
+                "saved_tokens": totals["saved_tokens"],
             },
             "tiers": dict(self._tiers),
             "replicas": replicas,

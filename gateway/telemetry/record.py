@@ -14,6 +14,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from gateway.inbound import InboundRequest
+from gateway.sessions.keys import DEFAULT_TENANT
 from gateway.sse import chat_chunks
 
 AttemptOutcome = Literal["ok", "failed", "released", "refused", "pending"]
@@ -212,9 +214,21 @@ class RequestRecord:
     @classmethod
     def detached(cls) -> RequestRecord:
         """A record nobody reads: for requests made without the HTTP layer (tests)."""
-        return cls("", "chat", TraceContext(1, None, False), tenant="default")
+        return cls("", "chat", TraceContext(1, None, False), tenant=DEFAULT_TENANT)
 
     # -- the request path ---------------------------------------------------------------
+
+    def note_request(self, request: InboundRequest) -> None:
+        """What the parsed request says (the model, once the policy knows it)."""
+        self.model = request.model
+        self.stream = request.stream
+        body = request.body
+        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+        self.max_tokens = max_tokens if isinstance(max_tokens, int) else None
+        temperature = body.get("temperature")
+        self.temperature = temperature if isinstance(temperature, int | float) else None
+        if self.capture:
+            self.input_messages = body.get("messages", body.get("prompt", body.get("input")))
 
     def stage(self, name: str) -> _StageTimer:
         """`with record.stage("hydrate"):` times a pipeline stage."""

@@ -80,7 +80,8 @@ class Telemetry:
         """Called once per request, after its last byte was sent."""
         spend = self.prices.spend(record)
         self._count(record, spend)
-        self.live.add(record, spend)
+        counts = spend.counts(record.status >= 400)
+        self.live.add(record, counts)
         if self.usage is not None and record.model is not None:
             session = SessionRef(record.tenant, record.session) if record.session else None
             key = (
@@ -89,7 +90,7 @@ class Telemetry:
                 record.model,
                 record.tier or _NO_TIER,
             )
-            self.usage.add(key, session, spend.counts(record.status >= 400))
+            self.usage.add(key, session, counts)
         if self._request_log is not None:
             self._request_log.write(record)
         if self._spans is not None and record.trace.sampled:

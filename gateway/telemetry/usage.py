@@ -68,10 +68,14 @@ class Spend:
     saved_small_tier_nusd: int = 0
 
     def counts(self, error: bool) -> dict[str, int]:
-        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        """The request as ledger counters (one per request: built once per call)."""
+        out = {name: getattr(self, name) for name in _SPEND_FIELDS}
         out["requests"] = 1
         out["errors"] = int(error)
         return out
+
+
+_SPEND_FIELDS = tuple(f.name for f in fields(Spend))
 
 
 def _nusd(tokens: int, per_million: float) -> int:
