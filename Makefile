@@ -8,7 +8,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: run test check lint typecheck unit integration engine-env schema engine-validate clean help bench-routing bench-sessions bench-tiers bench-faults bench-telemetry traces browser phoenix-env bench
+.PHONY: run test check lint typecheck unit integration engine-env schema engine-validate clean help bench-routing bench-sessions bench-tiers bench-faults bench-telemetry traces browser phoenix-env bench manifests bench-redis
 
 help:
 	@echo "make run    - engines + gateway on http://127.0.0.1:8080 (Ctrl-C stops all)"
@@ -19,6 +19,8 @@ help:
 	@echo "make bench-faults  - 200 streaming clients, a replica killed and restarted (about 2 min)"
 	@echo "make bench-tiers   - learned tier router on RouteLLM labels, held out by group (about 3 min)"
 	@echo "make bench-routing - trace replay, routing overhead, tau-bench on real vLLM (about 15 min)"
+	@echo "make manifests     - render deploy/k8s/engines/ from the GPU engine profiles"
+	@echo "make bench-redis   - Redis memory per 1,000 active sessions (about 1 min)"
 	@echo "make bench  - overhead side by side: gateway, bare proxy, LiteLLM, vllm-router, Portkey (about 17 min)"
 
 $(STAMP): pyproject.toml
@@ -101,6 +103,15 @@ schema: $(STAMP)
 
 engine-validate: $(STAMP) engine-env
 	@$(BIN)/engine validate
+
+# Kubernetes manifests of the engine pools, rendered from the GPU profiles into deploy/k8s/engines/
+# (a unit test fails while the committed ones differ from a fresh render).
+manifests: $(STAMP)
+	@$(BIN)/engine manifests
+
+# Redis memory per 1,000 active sessions, from real tau-bench turns checkpointed into a private Redis.
+bench-redis: $(STAMP)
+	@$(BIN)/python -m tests.bench.redis_sizing
 
 clean:
 	rm -rf .run $(VENV) .venv-engine .venv-phoenix .mypy_cache .ruff_cache .pytest_cache

@@ -6,6 +6,7 @@ engine down [--pool NAME]
 engine build-tiny-model DIR [--seed N]
 engine args --profile NAME [--json]        # the rendered `vllm serve` arguments
 engine validate [--profile NAME ...]       # checked by vLLM's own parser
+engine manifests [--profile NAME ...] [--out DIR] [--check]   # Kubernetes pools
 engine stack                               # what `make run` runs
 """
 
@@ -84,6 +85,32 @@ def _validate(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _manifests(args: argparse.Namespace) -> int:
+    from engine.manifests import (
+        DEFAULT_OUT,
+        default_profiles,
+        render_files,
+        stale_diffs,
+        write_files,
+    )
+
+    profiles = [load_profile(name) for name in args.profile] if args.profile else default_profiles()
+    files = render_files(profiles)
+    out = Path(args.out) if args.out else DEFAULT_OUT
+    if args.check:
+        diffs = stale_diffs(files, out)
+        for diff in diffs:
+            print(diff, end="")
+        if diffs:
+            print(f"engine: {len(diffs)} manifest(s) in {out} are stale: run `engine manifests`")
+            return 1
+        print(f"engine: {len(files)} manifest(s) in {out} are up to date")
+        return 0
+    for path in write_files(files, out):
+        print(f"engine: wrote {path}")
+    return 0
+
+
 def _stack(args: argparse.Namespace) -> int:
     from engine.stack import run_stack
 
@@ -123,6 +150,12 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("validate", help="check profiles with vLLM's own argument parser")
     p.add_argument("--profile", action="append")
     p.set_defaults(run=_validate)
+
+    p = sub.add_parser("manifests", help="render Kubernetes manifests of the GPU engine pools")
+    p.add_argument("--profile", action="append", help="GPU profile (default: one per cluster tier)")
+    p.add_argument("--out", help="directory (default: deploy/k8s/engines)")
+    p.add_argument("--check", action="store_true", help="fail with a diff when files are stale")
+    p.set_defaults(run=_manifests)
 
     p = sub.add_parser("stack", help="state store + engines + gateway until Ctrl-C (make run)")
     p.set_defaults(run=_stack)

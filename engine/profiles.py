@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -74,6 +74,54 @@ class StructuredOutputs(Strict):
         return self
 
 
+# A Kubernetes resource quantity (`16`, `500m`, `64Gi`): checked here so that a typo fails
+# when the profile loads, not when the cluster rejects the rendered manifest.
+Quantity = Annotated[str, Field(pattern=r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")]
+
+
+class Toleration(Strict):
+    key: str
+    operator: Literal["Exists", "Equal"] = "Exists"
+    value: str | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+
+    @model_validator(mode="after")
+    def _value_fits_operator(self) -> Toleration:
+        if (self.operator == "Equal") != (self.value is not None):
+            raise ValueError("a toleration has a `value` exactly when its operator is Equal")
+        return self
+
+
+class KubernetesPool(Strict):
+    """How `engine manifests` runs a GPU profile as a pool on Kubernetes. Every field has a
+    default, so a GPU profile without this section still renders."""
+
+    tier: str | None = Field(
+        None, description="agent-gateway.dev/tier label (default: the profile's pool)."
+    )
+    replicas: int = Field(1, ge=0)
+    gpu_resource: str = Field("nvidia.com/gpu", description="Extended resource name of a GPU.")
+    cpu: Quantity | None = Field(None, description="CPU request (default: 8 per GPU).")
+    memory: Quantity | None = Field(
+        None, description="Memory request and limit, /dev/shm included (default: 64Gi per GPU)."
+    )
+    shm_size: Quantity | None = Field(
+        None, description="Memory-backed /dev/shm for tensor parallel (default: 2Gi per GPU)."
+    )
+    model_cache_size: Quantity = Field("200Gi", description="Per-pod model cache volume.")
+    storage_class: str | None = Field(None, description="Model cache storage class.")
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: tuple[Toleration, ...] | None = Field(
+        None, description="Default: tolerate the `<gpu_resource>` taint GPU node pools carry."
+    )
+    startup_timeout_s: int = Field(
+        1800, ge=60, description="Model download and load time allowed before restarts."
+    )
+    drain_s: int = Field(
+        90, ge=0, description="In-flight requests may finish this long after SIGTERM."
+    )
+
+
 class Profile(Strict):
     name: str
     description: str = ""
@@ -101,6 +149,9 @@ class Profile(Strict):
     otlp_traces_endpoint: str | None = None
     extra_args: tuple[str, ...] = ()
     env: dict[str, str] = Field(default_factory=dict)
+    kubernetes: KubernetesPool | None = Field(
+        None, description="Pool settings for `engine manifests` (GPU profiles only)."
+    )
 
     @model_validator(mode="after")
     def _device_fits(self) -> Profile:
@@ -110,6 +161,8 @@ class Profile(Strict):
             raise ValueError(
                 "a gpu profile sizes its KV cache with kv_cache.gpu_memory_utilization"
             )
+        if self.device == "cpu" and self.kubernetes is not None:
+            raise ValueError("only gpu profiles run as Kubernetes pools (`kubernetes`)")
         if self.runner == "pooling" and (self.speculative or self.tool_calling):
             raise ValueError("pooling (embedding) engines take no speculative or tool settings")
         return self

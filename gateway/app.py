@@ -1,12 +1,16 @@
-"""`create_app()`: every object the gateway uses is built here, once, and handed to the
-code that needs it. No module-level state, no singletons.
+"""`create_app()`: every object the gateway uses is built here and handed to the code that
+needs it. No module-level state, no singletons.
+
+What lives as long as the process (the engine client, the state store, metrics, telemetry,
+the API-key check) is built once; what a policy decides is a runtime built from the policy
+(gateway/runtime.py), which a policy reload replaces while the app serves
+(gateway/reload.py).
 """
 
 from __future__ import annotations
 
 import gc
 import logging
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -24,7 +28,8 @@ from gateway.api.observability import build_observability_router
 from gateway.api.responses import build_responses_router
 from gateway.api.routes import build_api_router
 from gateway.api.sessions import build_sessions_router
-from gateway.engine_metrics import EngineMetricsScraper, EngineStats
+from gateway.auth import ApiKeyAuth, KeyStore, open_key_store
+from gateway.discovery import DiscoveryMetrics, Resolver, SystemResolver
 from gateway.errors import (
     GatewayError,
     InvalidRequest,
@@ -32,28 +37,15 @@ from gateway.errors import (
     NotFound,
     error_response,
 )
-from gateway.health import HealthMonitor
 from gateway.metrics import GatewayMetrics
 from gateway.middleware import EdgeMiddleware
-from gateway.pipeline import Pipeline
 from gateway.policy import Policy
-from gateway.prefix_watch import RedisFingerprints
-from gateway.replicas import Fleet
-from gateway.resilience.dispatcher import Breakers, Dispatcher
-from gateway.resilience.response_cache import RedisResponseCache
-from gateway.responses.records import RedisResponseRecords
-from gateway.responses.service import ResponsesService
-from gateway.routing.build import build_router
-from gateway.sessions.store import RedisCheckpoints
-from gateway.sessions.turns import SessionTurns
+from gateway.policy.reloadable import PolicyFile
+from gateway.reload import PolicyReloader, ReloadMetrics
+from gateway.runtime import CurrentEngineLoads, Runtime, Services, build_runtime
 from gateway.state_store import StateStore
-from gateway.telemetry.fleet_view import FleetView
 from gateway.telemetry.service import Telemetry
 from gateway.telemetry.usage import RedisUsageLedger
-from gateway.tiering.chooser import TierChooser, load_learned_router
-from gateway.tiering.memory import RedisSessionTiers
-from gateway.trimming.tokens import token_counter
-from gateway.trimming.trim import Trimmer
 from gateway.upstream import AiohttpUpstream, Upstream
 
 log = logging.getLogger(__name__)
@@ -66,23 +58,24 @@ def create_app(
     store: StateStore | None = None,
     health_checks: bool = True,
     span_processor: SpanProcessor | None = None,
+    resolver: Resolver | None = None,
+    policy_file: PolicyFile | None = None,
+    reload_on_sighup: bool = False,
 ) -> FastAPI:
-    fleet = Fleet(policy)
+    """`policy_file`: the file `policy` was read from (`load_policy_file` in
+    gateway/policy/reloadable.py); the app then applies changes to it while serving, and with
+    `reload_on_sighup` (for `gateway serve`) checks it at once on SIGHUP."""
     metrics = GatewayMetrics()
+    discovery_metrics = DiscoveryMetrics(metrics.registry)
+    reload_metrics = ReloadMetrics(metrics.registry) if policy_file is not None else None
+    keys = open_key_store(policy.auth)  # read now: the first request is already guarded
     telemetry = Telemetry(policy, metrics, span_processor=span_processor)
-    breakers = Breakers(policy, metrics)
     state = store if store is not None else StateStore(policy.state)
-    # The aiohttp session is created inside the lifespan: it binds to the running loop.
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # The aiohttp session is created here: it binds to the running loop.
         client = upstream if upstream is not None else AiohttpUpstream.create()
-        monitor: HealthMonitor | None = None
-        scraper: EngineMetricsScraper | None = None
-        if health_checks and isinstance(client, AiohttpUpstream):
-            monitor = HealthMonitor(fleet, client.session, policy.health)
-            scraper = EngineMetricsScraper(fleet, client.session, policy.routing.scrape_interval_s)
-        router = build_router(policy.routing, time.monotonic, scraper)
         await state.open()
         assert state.redis is not None
         telemetry.open(
@@ -92,81 +85,60 @@ def create_app(
                 session_ttl_s=policy.sessions.ttl_s,
             )
         )
-        fleet_view = FleetView(
-            fleet,
-            breakers,
-            scraper.stats if scraper else _no_stats,
-            telemetry.live.replica_requests,
-        )
-        metrics.registry.register(fleet_view)
-        app.state.telemetry = telemetry
-        app.state.fleet_view = fleet_view
-        checkpoints = RedisCheckpoints(state.redis, ttl_s=policy.sessions.ttl_s)
-        trimming = policy.trimming
-        trimmer = Trimmer(trimming, token_counter(trimming.tokenizer)) if trimming.enabled else None
-        app.state.checkpoints = checkpoints
-        app.state.pipeline = Pipeline(
-            policy,
-            fleet,
-            router,
-            client,
-            fingerprints=RedisFingerprints(state.redis),
+        services = Services(
+            upstream=client,
+            state=state,
             metrics=metrics,
-            sessions=SessionTurns(checkpoints, trimmer),
-            tiers=TierChooser(
-                policy,
-                fleet,
-                memory=RedisSessionTiers(state.redis),
-                cached_share=router.cached_share,
-                load_scorer=load_learned_router,
-            ),
-            dispatcher=Dispatcher(
-                policy,
-                router,
-                client,
-                metrics,
-                engine_load=scraper.get if scraper else None,
-                breakers=breakers,
-            ),
-            answers=RedisResponseCache(state.redis, ttl_s=policy.resilience.response_cache.ttl_s),
+            telemetry=telemetry,
+            resolver=resolver or SystemResolver(),
+            discovery_metrics=discovery_metrics,
+            engine_loads=CurrentEngineLoads(),
+            health_checks=health_checks,
         )
-        app.state.responses = ResponsesService(
-            app.state.pipeline,
-            checkpoints,
-            RedisResponseRecords(state.redis, ttl_s=policy.sessions.ttl_s),
-        )
-        if monitor is not None and scraper is not None:
-            await monitor.check_all(first=True)  # know who is up before the first request
-            monitor.start()
-            scraper.start()
+        app.state.telemetry = telemetry
+        runtime = build_runtime(policy, services)
+        await runtime.start(first=True)
+        runtime.activate(app.state, services, previous=None)
+        if keys is not None:
+            keys.start()
+        reloader: PolicyReloader | None = None
+        if policy_file is not None and reload_metrics is not None:
+            reloader = PolicyReloader(app.state, services, policy_file, reload_metrics)
+            reloader.start(sighup=reload_on_sighup)
+        app.state.reloader = reloader
         # Everything built so far lives as long as the process: move it out of the
         # collector's sight. Full collections otherwise walk all of it (imported modules,
         # the learned router, tokenizer tables, pydantic models): 130 ms stalls at p99
         # under load, measured (`make bench`); per-request garbage is collected as before.
+        # (A reload thaws and freezes again once the replaced runtime is unused.)
         gc.collect()
         gc.freeze()
         try:
             yield
         finally:
             gc.unfreeze()
-            if monitor is not None and scraper is not None:
-                await monitor.stop()
-                await scraper.stop()
+            if reloader is not None:
+                await reloader.stop()  # first: no reload swaps the runtime stopped below
+            if keys is not None:
+                await keys.stop()
+            current: Runtime = app.state.runtime
+            await current.stop()
             await client.close()
             await telemetry.close()  # before the store closes: the last usage is written
-            metrics.registry.unregister(fleet_view)
+            current.deactivate(services)
             await state.close()
 
     app = _GatewayApp(
         telemetry,
         policy.limits.max_body_bytes,
+        keys,
         title="agent-gateway",
         lifespan=lifespan,
         docs_url=None,
         redoc_url=None,
         openapi_url=None,
     )
-    app.include_router(build_api_router(policy, fleet, state, metrics))
+    app.include_router(build_api_router(state, metrics))
     app.include_router(build_observability_router())
     app.include_router(build_sessions_router())
     app.include_router(build_responses_router())
@@ -178,18 +150,21 @@ class _GatewayApp(FastAPI):
     """FastAPI, with the request id, telemetry and the hot API calls in plain ASGI in
     front of its own stack (gateway/api/calls.py says why)."""
 
-    def __init__(self, telemetry: Telemetry, max_body_bytes: int, **kwargs: Any) -> None:
+    def __init__(
+        self, telemetry: Telemetry, max_body_bytes: int, keys: KeyStore | None, **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         self._gateway_telemetry = telemetry
         self._max_body_bytes = max_body_bytes
+        self._keys = keys
 
     def build_middleware_stack(self) -> ASGIApp:
-        calls = ApiCalls(super().build_middleware_stack(), max_body_bytes=self._max_body_bytes)
-        return EdgeMiddleware(calls, self._gateway_telemetry)
-
-
-def _no_stats(url: str) -> EngineStats | None:
-    return None
+        app: ASGIApp = ApiCalls(
+            super().build_middleware_stack(), max_body_bytes=self._max_body_bytes
+        )
+        if self._keys is not None:  # inside the edge: a 401 has a request id and a record
+            app = ApiKeyAuth(app, self._keys)
+        return EdgeMiddleware(app, self._gateway_telemetry)
 
 
 def _install_error_handlers(app: FastAPI) -> None:

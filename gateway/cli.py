@@ -1,7 +1,7 @@
 """`gateway` command line: serve, and check or export the policy schema.
 
 gateway serve [--policy FILE] [--host H] [--port P]
-gateway policy check FILE [FILE ...]
+gateway policy check FILE [FILE ...] [--against RUNNING]
 gateway policy schema [--out FILE]
 gateway replay --trace FILE [--replicas N] [--cache-blocks M] [--policy FILE] [--json]
 gateway trim-eval --trajectories FILE [--policy FILE] [--tokenizer FILE] [--json]
@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.policy import Policy, PolicyError, load_policy
+from gateway.policy.reloadable import load_policy_file, needs_restart
 from gateway.policy.schema import RoutingSpec
 
 DEFAULT_POLICY = "policies/default.yaml"
@@ -47,15 +48,20 @@ def _serve(args: argparse.Namespace) -> int:
     )
     path = _policy_path(args.policy)
     try:
-        policy = load_policy(path)
+        policy, source = load_policy_file(path)
     except PolicyError as exc:
         print(f"gateway: invalid policy\n{exc}", file=sys.stderr)
         return 2
     host = args.host or policy.server.host
     port = args.port or policy.server.port
-    app = create_app(policy)
+    # The file is watched while serving: a changed policy is validated, then applied
+    # or rejected with the running one kept (gateway/reload.py); SIGHUP checks at once.
+    app = create_app(policy, policy_file=source, reload_on_sighup=True)
+    interval = policy.server.reload_interval_s
+    watching = f"re-read every {interval:g} s and on SIGHUP" if interval else "re-read on SIGHUP"
     print(
-        f"gateway: serving {len(policy.models)} model(s) from {path} on http://{host}:{port}/v1",
+        f"gateway: serving {len(policy.models)} model(s) from {path} ({watching}) "
+        f"on http://{host}:{port}/v1",
         flush=True,
     )
     uvicorn.run(
@@ -70,15 +76,28 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
+    running: Policy | None = None
+    if args.against:
+        try:
+            running = load_policy_file(args.against)[0]
+        except PolicyError as exc:
+            print(exc, file=sys.stderr)
+            return 2
     failed = 0
     for path in args.files:
         try:
-            policy = load_policy(path)
+            policy = load_policy_file(path)[0]  # the loader a running gateway reloads with
         except PolicyError as exc:
             print(exc, file=sys.stderr)
             failed += 1
+            continue
+        summary = f"{len(policy.models)} models, {len(policy.pools)} pools"
+        restart = needs_restart(running, policy) if running is not None else []
+        if restart:
+            print(f"{path}: valid ({summary}), but needs a restart: {', '.join(restart)}")
+            failed += 1
         else:
-            print(f"{path}: ok ({len(policy.models)} models, {len(policy.pools)} pools)")
+            print(f"{path}: ok ({summary})")
     return 1 if failed else 0
 
 
@@ -254,6 +273,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     check = policy.add_parser("check", help="validate policy files without serving")
     check.add_argument("files", nargs="+")
+    check.add_argument(
+        "--against",
+        metavar="RUNNING",
+        help="the policy a gateway serves: also fail when applying FILE to it would need "
+        "a restart (a running gateway does not apply such a change)",
+    )
     check.set_defaults(run=_check)
     schema = policy.add_parser("schema", help="print the policy's JSON Schema")
     schema.add_argument("--out")

@@ -2,6 +2,7 @@
 
     GatewayError                      status  type
     +-- InvalidRequest                  400   invalid_request_error  (malformed JSON, bad field)
+    +-- Unauthorized                    401   invalid_request_error  code=invalid_api_key
     +-- NotFound                        404   invalid_request_error  (unknown route)
     |   +-- ModelNotFound               404   invalid_request_error  code=model_not_found
     +-- MethodNotAllowed                405   invalid_request_error
@@ -59,6 +60,22 @@ class GatewayError(Exception):
 class InvalidRequest(GatewayError):
     status = 400
     error_type = "invalid_request_error"
+
+
+class Unauthorized(GatewayError):
+    """No valid API key: one message and one body whether the key was missing, malformed
+    or unknown, so a caller learns nothing about which keys exist."""
+
+    status = 401
+    error_type = "invalid_request_error"
+    default_code = "invalid_api_key"
+
+    def __init__(self) -> None:
+        super().__init__(
+            "Missing or invalid API key: send `Authorization: Bearer <key>` with a key this "
+            "gateway accepts.",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
 
 
 class NotFound(GatewayError):

@@ -13,6 +13,10 @@ from typing import Protocol
 
 import redis.asyncio as aioredis
 
+from gateway.redis_client import RedisClient
+from gateway.redis_keys import session_key
+from gateway.sessions.keys import DEFAULT_TENANT
+
 log = logging.getLogger(__name__)
 
 
@@ -23,18 +27,19 @@ class FingerprintStore(Protocol):
 
 
 class RedisFingerprints:
+    """One key per session, beside its checkpoints (same hash tag)."""
+
     def __init__(
-        self, redis: aioredis.Redis, *, ttl_s: int = 86_400, namespace: str = "default"
+        self, redis: RedisClient, *, ttl_s: int = 86_400, tenant: str = DEFAULT_TENANT
     ) -> None:
         self._redis = redis
         self._ttl_s = ttl_s
-        self._prefix = f"agw:{namespace}:prefix:"
+        self._tenant = tenant
 
     async def swap(self, session: str, fingerprint: str) -> str | None:
+        key = session_key(self._tenant, session, "prefix")
         try:
-            previous = await self._redis.set(
-                self._prefix + session, fingerprint, ex=self._ttl_s, get=True
-            )
+            previous = await self._redis.set(key, fingerprint, ex=self._ttl_s, get=True)
         except (aioredis.RedisError, OSError) as exc:
             # Detection is advisory: a store outage must not fail the request.
             log.warning("prefix fingerprint not stored: %s", exc)

@@ -1,9 +1,13 @@
-"""Runtime pools and replicas, built once from the policy.
+"""Runtime pools and replicas, built from the policy (again on a policy reload, keeping
+the replica objects whose pool and URL stay: see `Pool`).
 
-A pool's replicas come from the policy (`replicas:`) and from the state file `engine up`
-writes (`engine_state:`), which is re-read whenever it changes so engines can come and go
-under a running gateway. Replica objects keep their identity (and health, in-flight count)
-across re-reads for as long as their URL stays listed.
+A pool's replicas come from three sources, in any mix: the policy (`replicas:`), the state
+file `engine up` writes (`engine_state:`, re-read whenever it changes), and DNS
+(`discover:`, resolved by gateway/discovery.py), so engines can come and go under a running
+gateway. A replica object keeps its identity (and health, in-flight count, and, keyed by
+its id, breaker and routing state) for as long as its URL is listed by any source; when
+it stops being listed, the fleet's departure listeners are told (the router forgets what
+the replica's cache held: a replica that comes back has an empty one).
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +25,8 @@ from gateway.policy import Endpoint, Policy
 from gateway.policy.schema import PoolSpec
 
 log = logging.getLogger(__name__)
+
+Departure = Callable[["Replica"], None]
 
 
 @dataclass(eq=False)
@@ -57,20 +64,47 @@ class Replica:
 
 
 class Pool:
-    def __init__(self, name: str, spec: PoolSpec) -> None:
+    def __init__(
+        self,
+        name: str,
+        spec: PoolSpec,
+        departed: Departure | None = None,
+        previous: Pool | None = None,
+    ) -> None:
         self.name = name
         self.spec = spec
-        self._static = [Replica(name, r.url, spec.served_model) for r in spec.replicas]
-        self._discovered: list[Replica] = []
+        self._departed = departed
+        # A policy reload builds a new pool (gateway/runtime.py): a replica the previous one
+        # listed keeps its object, so its health and in-flight count carry over and the
+        # requests running on it give their slot back to the object new requests count.
+        self._previous = {r.url: r for r in previous.replicas} if previous else {}
+        self._all: list[Replica] = []
+        self._static = [self._replica(r.url, "") for r in spec.replicas]
+        self._from_state: list[Replica] = []
+        self._from_dns: list[Replica] = []
+        if previous is not None and previous.spec.discover == spec.discover:
+            # The last DNS answer, until this pool's own first lookup (which may fail).
+            self._from_dns = [self._replica(r.url, "") for r in previous.discovered]
         self._state_stamp: tuple[int, int] | None = None
+        self._rebuild()
+        if previous is not None:
+            self.refresh_from_engine_state()  # now, while the previous objects can be kept
+            self._previous = {}
 
     @property
     def replicas(self) -> list[Replica]:
-        return self._static + self._discovered
+        """Every listed replica, each URL once (read on every request: built on change
+        only; callers must not mutate it)."""
+        return self._all
 
     @property
     def healthy(self) -> list[Replica]:
-        return [r for r in self.replicas if r.healthy]
+        return [r for r in self._all if r.healthy]
+
+    @property
+    def discovered(self) -> list[Replica]:
+        """The replicas DNS discovery listed (some may also be listed by another source)."""
+        return list(self._from_dns)
 
     def serves(self, endpoint: Endpoint) -> bool:
         return endpoint in self.spec.serves
@@ -90,20 +124,47 @@ class Pool:
             return
         self._state_stamp = stamp
         entries = _read_state_entries(path) if stamp else []
-        known = {r.url: r for r in self._discovered}
-        static_urls = {r.url for r in self._static}
         fresh: list[Replica] = []
         for entry in entries:
             if entry.get("pool") != self.name:
                 continue
             url = str(entry.get("url", "")).rstrip("/")
-            if not url or url in static_urls:
-                continue
-            served = str(entry.get("served_model") or self.spec.served_model)
-            fresh.append(known.get(url) or Replica(self.name, url, served))
-        if [r.url for r in fresh] != [r.url for r in self._discovered]:
+            if url:
+                fresh.append(self._replica(url, str(entry.get("served_model") or "")))
+        if [r.url for r in fresh] != [r.url for r in self._from_state]:
             log.info("pool %s: %d replica(s) from %s", self.name, len(fresh), path)
-        self._discovered = fresh
+        self._from_state = fresh
+        self._rebuild()
+
+    def adopt_discovered(self, urls: Sequence[str]) -> None:
+        """The pool's DNS replicas become exactly these URLs (gateway/discovery.py)."""
+        fresh = [self._replica(url, "") for url in dict.fromkeys(urls)]
+        if [r.url for r in fresh] != [r.url for r in self._from_dns]:
+            log.info("pool %s: %d replica(s) from DNS", self.name, len(fresh))
+        self._from_dns = fresh
+        self._rebuild()
+
+    def _replica(self, url: str, served_model: str) -> Replica:
+        """The replica already listed under this URL, by any source, or a new one."""
+        for replica in self._all:
+            if replica.url == url:
+                return replica
+        served_model = served_model or self.spec.served_model
+        kept = self._previous.get(url)
+        if kept is not None and kept.served_model == served_model:
+            return kept
+        return Replica(self.name, url, served_model)
+
+    def _rebuild(self) -> None:
+        before = self._all
+        merged: dict[str, Replica] = {}
+        for replica in (*self._static, *self._from_state, *self._from_dns):
+            merged.setdefault(replica.url, replica)
+        self._all = list(merged.values())
+        if self._departed is not None:
+            for replica in before:
+                if replica.url not in merged:
+                    self._departed(replica)
 
 
 def _read_state_entries(path: Path) -> list[dict[str, Any]]:
@@ -119,8 +180,14 @@ def _read_state_entries(path: Path) -> list[dict[str, Any]]:
 class Fleet:
     """Model aliases and the pools behind them."""
 
-    def __init__(self, policy: Policy) -> None:
-        self.pools = {name: Pool(name, spec) for name, spec in policy.pools.items()}
+    def __init__(self, policy: Policy, previous: Fleet | None = None) -> None:
+        """`previous`: the fleet of the policy this one replaces (see `Pool`)."""
+        self._departure_listeners: list[Departure] = []
+        before: dict[str, Pool] = previous.pools if previous else {}
+        self.pools: dict[str, Pool] = {
+            name: Pool(name, spec, self._departed, before.get(name))
+            for name, spec in policy.pools.items()
+        }
         # Fixed aliases; a routable alias (`tiering`) is resolved per request by the tiers.
         self.models = {
             alias: self.pools[m.pool] for alias, m in policy.models.items() if m.pool is not None
@@ -131,6 +198,15 @@ class Fleet:
     def refresh(self) -> None:
         for pool in self.pools.values():
             pool.refresh_from_engine_state()
+
+    def on_departure(self, listener: Departure) -> None:
+        """Call `listener` with every replica that stops being listed by its pool."""
+        self._departure_listeners.append(listener)
+
+    def _departed(self, replica: Replica) -> None:
+        log.info("replica %s (%s) left pool %s", replica.id, replica.url, replica.pool)
+        for listener in self._departure_listeners:
+            listener(replica)
 
     def pool_for(self, alias: str, endpoint: Endpoint) -> Pool:
         pool = self.models.get(alias)

@@ -7,6 +7,11 @@ state across restarts and every feature runs the same code path as in production
 
 A `BlockingConnectionPool`: the default pool raises past its connection cap, which 2,000
 concurrent requests hit on this machine (shared/docs/measured-facts.md).
+
+With `state.cluster`, the Redis at `redis_url` is one node of a Redis Cluster: redis-py's
+cluster client discovers the others, follows MOVED/ASK redirections, and waits for a free
+connection like the blocking pool does (gateway/redis_client.py). Keys are laid out for a
+cluster either way (gateway/redis_keys.py), so one code path serves both.
 """
 
 from __future__ import annotations
@@ -17,9 +22,11 @@ import shutil
 from pathlib import Path
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import BlockingConnectionPool, UnixDomainSocketConnection
 
 from gateway.policy.schema import StateSpec
+from gateway.redis_client import GatedRedisCluster, RedisClient
 
 log = logging.getLogger(__name__)
 
@@ -95,16 +102,28 @@ class StateStore:
     def __init__(self, spec: StateSpec) -> None:
         self._spec = spec
         self._embedded: EmbeddedRedis | None = None
-        self.redis: aioredis.Redis | None = None
+        self.redis: RedisClient | None = None
 
     @property
     def description(self) -> str:
         if self._embedded is not None:
             return f"embedded redis at {self._embedded.directory}"
+        if self._spec.cluster:
+            return "redis cluster (REDIS_URL names one node)"
         return "redis (REDIS_URL)"
 
     async def open(self) -> None:
-        if self._spec.redis_url:
+        if self._spec.cluster:
+            # Connects lazily, like the single-node pool: a cluster that is down at start
+            # makes /readyz fail, not the process. The startup node stays in the list the
+            # client rediscovers from (`dynamic_startup_nodes=False`): it is usually a DNS
+            # name (a Service, a managed configuration endpoint) that outlives node IPs.
+            self.redis = GatedRedisCluster.from_url(
+                self._spec.redis_url,
+                max_connections=self._spec.max_connections,
+                dynamic_startup_nodes=False,
+            )
+        elif self._spec.redis_url:
             pool = BlockingConnectionPool.from_url(
                 self._spec.redis_url, max_connections=self._spec.max_connections, timeout=5
             )
@@ -125,7 +144,9 @@ class StateStore:
             return False
 
     async def close(self) -> None:
-        if self.redis is not None:
+        if isinstance(self.redis, RedisCluster):
+            await self.redis.aclose()
+        elif self.redis is not None:
             await self.redis.aclose(close_connection_pool=True)
         if self._embedded is not None:
             await self._embedded.stop()

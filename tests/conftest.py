@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from engine.supervisor import free_port
 from gateway.state_store import redis_server_binary
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,13 +29,6 @@ def _redis_answers(host: str, port: int) -> bool:
         return False
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:
     if url := os.environ.get("REDIS_URL"):
@@ -46,7 +40,7 @@ def redis_url() -> Iterator[str]:
     binary = redis_server_binary()
     if binary is None:
         pytest.fail("no Redis at 127.0.0.1:6379 and no redis-server to start")
-    port = _free_port()
+    port = free_port()
     with tempfile.TemporaryDirectory(prefix="agw-redis-") as tmp:
         proc = subprocess.Popen(
             [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", tmp],

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import time
 import urllib.error
@@ -24,6 +23,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from engine.supervisor import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 PHOENIX = ROOT / ".venv-phoenix" / "bin" / "phoenix"
@@ -44,13 +45,6 @@ class PhoenixNotInstalled(RuntimeError):
     pass
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def _answers(url: str) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=1) as resp:
@@ -69,14 +63,14 @@ def running_phoenix(work_dir: Path) -> Iterator[str]:
             "(or run `bash deploy/observability/phoenix-env.sh`)"
         )
     work_dir.mkdir(parents=True, exist_ok=True)
-    port = _free_port()
+    port = free_port()
     # A developer's own PHOENIX_*/OTEL_* settings (a Postgres URL, a project name, a
     # collector) would point this throwaway server at their data: drop them all.
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PHOENIX_", "OTEL_"))}
     env |= _PHOENIX_ENV | {
         "PHOENIX_HOST": "127.0.0.1",
         "PHOENIX_PORT": str(port),
-        "PHOENIX_GRPC_PORT": str(_free_port()),  # 4317 may be a running `make traces`
+        "PHOENIX_GRPC_PORT": str(free_port()),  # 4317 may be a running `make traces`
         "PHOENIX_WORKING_DIR": str(work_dir),
     }
     log = work_dir / "phoenix.log"

@@ -7,11 +7,11 @@ from typing import Any
 
 import orjson
 from fastapi import APIRouter
+from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway.errors import ModelNotFound
 from gateway.metrics import GatewayMetrics
-from gateway.policy import Policy
 from gateway.replicas import Fleet
 from gateway.state_store import StateStore
 
@@ -20,24 +20,26 @@ def _json(data: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(data), status_code=status, media_type="application/json")
 
 
-def build_api_router(
-    policy: Policy, fleet: Fleet, store: StateStore, metrics: GatewayMetrics
-) -> APIRouter:
+def build_api_router(store: StateStore, metrics: GatewayMetrics) -> APIRouter:
     router = APIRouter()
     created = int(time.time())
+
+    def fleet_of(request: Request) -> Fleet:
+        # The current policy's: a reload swaps it (gateway/reload.py).
+        fleet: Fleet = request.app.state.fleet
+        return fleet
 
     def model_card(alias: str) -> dict[str, Any]:
         return {"id": alias, "object": "model", "created": created, "owned_by": "agent-gateway"}
 
     @router.get("/v1/models")
-    async def list_models() -> Response:
-        return _json(
-            {"object": "list", "data": [model_card(a) for a in sorted(fleet.descriptions)]}
-        )
+    async def list_models(request: Request) -> Response:
+        aliases = sorted(fleet_of(request).descriptions)
+        return _json({"object": "list", "data": [model_card(a) for a in aliases]})
 
     @router.get("/v1/models/{alias:path}")
-    async def retrieve_model(alias: str) -> Response:
-        if alias not in fleet.descriptions:
+    async def retrieve_model(alias: str, request: Request) -> Response:
+        if alias not in fleet_of(request).descriptions:
             raise ModelNotFound(f"The model `{alias}` does not exist.", param="model")
         return _json(model_card(alias))
 
@@ -50,7 +52,8 @@ def build_api_router(
         return _json({"status": "ok"})
 
     @router.get("/readyz")
-    async def readyz() -> Response:
+    async def readyz(request: Request) -> Response:
+        fleet = fleet_of(request)
         models = {
             alias: {
                 "pool": pool.name,

@@ -49,7 +49,9 @@ def load_policy(path: str | Path) -> Policy:
         raise PolicyError(
             source, [PolicyProblem("", f"cannot read the file: {exc.strerror}")]
         ) from exc
-    return parse_policy(text, source=source, base_dir=Path(path).resolve().parent)
+    # absolute(), not resolve(): a Kubernetes ConfigMap file is a symlink into a
+    # timestamped directory that the next update deletes; paths stay next to the name given.
+    return parse_policy(text, source=source, base_dir=Path(path).absolute().parent)
 
 
 def parse_policy(text: str, *, source: str = "<policy>", base_dir: Path | None = None) -> Policy:
@@ -138,9 +140,10 @@ def _reference_problems(data: dict[str, Any], lines: _LineIndex) -> list[PolicyP
                 message = f"pool {pool!r} is not defined (expected one of: {defined})"
                 problems.append(PolicyProblem(_dotted(loc), message, lines.of(loc)))
     for name, pool in pools.items():
-        if isinstance(pool, dict) and not pool.get("replicas") and not pool.get("engine_state"):
+        sources = ("replicas", "engine_state", "discover")
+        if isinstance(pool, dict) and not any(pool.get(source) for source in sources):
             loc = ("pools", str(name))
-            message = "a pool needs `replicas`, `engine_state`, or both"
+            message = "a pool needs `replicas`, `engine_state`, `discover`, or a mix"
             problems.append(PolicyProblem(_dotted(loc), message, lines.of(loc)))
     return problems
 
@@ -149,7 +152,8 @@ def _resolve_paths(policy: Policy, base_dir: Path) -> Policy:
     """Relative paths in a policy are relative to the policy file, not the cwd."""
 
     def resolve(path: str) -> str:
-        return path if Path(path).is_absolute() else str((base_dir / path).resolve())
+        # Lexically normalised (no symlinks followed), for the reason `load_policy` gives.
+        return path if Path(path).is_absolute() else os.path.normpath(base_dir / path)
 
     pools = {
         name: pool.model_copy(update={"engine_state": resolve(pool.engine_state)})
@@ -158,6 +162,9 @@ def _resolve_paths(policy: Policy, base_dir: Path) -> Policy:
         for name, pool in policy.pools.items()
     }
     state = policy.state.model_copy(update={"embedded_dir": resolve(policy.state.embedded_dir)})
+    auth = policy.auth
+    if auth.keys_file:
+        auth = auth.model_copy(update={"keys_file": resolve(auth.keys_file)})
     telemetry = policy.telemetry
     if telemetry.request_log:
         telemetry = telemetry.model_copy(update={"request_log": resolve(telemetry.request_log)})
@@ -173,6 +180,7 @@ def _resolve_paths(policy: Policy, base_dir: Path) -> Policy:
         update={
             "pools": pools,
             "state": state,
+            "auth": auth,
             "telemetry": telemetry,
             "tiering": tiering,
         }

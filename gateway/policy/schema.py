@@ -1,7 +1,8 @@
 """The policy's strict schema: unknown keys, wrong types and bad values are rejected.
 
 These are raw, frozen configuration records. gateway/replicas.py builds the runtime
-objects (pools with live replica state) from them once, at start-up.
+objects (pools with live replica state) from them at start-up and on every policy
+reload (gateway/reload.py).
 """
 
 from __future__ import annotations
@@ -43,6 +44,12 @@ BaseUrl = Annotated[str, AfterValidator(_http_base_url)]
 class ServerSpec(Strict):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=1, le=65535)
+    reload_interval_s: float = Field(
+        5.0,
+        ge=0,
+        description="How often `gateway serve` re-reads the policy file and applies it when "
+        "its content changed (gateway/reload.py); 0: only on SIGHUP.",
+    )
 
 
 class LimitsSpec(Strict):
@@ -161,7 +168,30 @@ class StateSpec(Strict):
         ),
     )
     embedded_dir: str = Field(".run/state", description="Data directory of the embedded Redis.")
-    max_connections: int = Field(256, ge=1, description="Size of the blocking connection pool.")
+    max_connections: int = Field(
+        256,
+        ge=1,
+        description="Size of the blocking connection pool; in cluster mode, the most commands "
+        "in flight at once (each node's pool has this many connections at most).",
+    )
+    cluster: bool = Field(
+        False,
+        description="The Redis at redis_url is one node of a Redis Cluster: the others are "
+        "discovered from it, and keys are hash-tagged so a session lives in one slot.",
+    )
+
+    @model_validator(mode="after")
+    def _cluster_needs_a_node(self) -> StateSpec:
+        if not self.cluster:
+            return self
+        if not self.redis_url:
+            raise ValueError("state.cluster needs redis_url: any node of the cluster")
+        database = urlsplit(self.redis_url).path.strip("/")
+        if database not in ("", "0"):
+            raise ValueError(
+                f"a Redis Cluster has only database 0; redis_url names database {database}"
+            )
+        return self
 
 
 class SessionsSpec(Strict):
@@ -229,6 +259,31 @@ class ReplicaSpec(Strict):
     url: BaseUrl
 
 
+class DnsDiscoverySpec(Strict):
+    """Replicas found in DNS: a Kubernetes headless Service answers one A/AAAA record per
+    ready pod, and each address joins the pool as its own replica (gateway/discovery.py)."""
+
+    dns: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]{1,253}$")] = Field(
+        description="Name to resolve, e.g. vllm-large.agent-gateway.svc.cluster.local."
+    )
+    port: int = Field(8000, ge=1, le=65535, description="The engines' HTTP port.")
+    scheme: Literal["http", "https"] = "http"
+    interval_s: float = Field(5.0, gt=0, description="How often the name is resolved again.")
+    timeout_s: float = Field(2.0, gt=0, description="A resolution taking longer has failed.")
+    family: Literal["auto", "ipv4", "ipv6"] = Field(
+        "auto",
+        description="Addresses used: auto takes the IPv4 ones when there are any, else the "
+        "IPv6 ones, so a dual-stack pod (A and AAAA) is one replica, not two.",
+    )
+    empty_after_rounds: int = Field(
+        3,
+        ge=1,
+        description="Consecutive answers of no such name / no address before the pool's "
+        "discovered replicas are dropped; a failed lookup (timeout, server error) never "
+        "drops them.",
+    )
+
+
 class PoolSpec(Strict):
     """Engine replicas that serve the same model; the unit the gateway routes within."""
 
@@ -245,11 +300,30 @@ class PoolSpec(Strict):
             "pool's name join the pool, and the file is re-read when it changes."
         ),
     )
+    discover: DnsDiscoverySpec | None = Field(
+        None,
+        description="Find replicas by resolving a DNS name (a headless Service): the "
+        "addresses found join the pool, and leave it when they leave the answer.",
+    )
     structured_outputs: bool = Field(
         True, description="The engines constrain output to a schema, choice or regex (vLLM)."
     )
     price: PriceSpec | None = Field(
         None, description="What this pool's model costs per million tokens (token economics)."
+    )
+
+
+class AuthSpec(Strict):
+    """Who may call the API: keys from a file (a Kubernetes Secret), see gateway/auth.py."""
+
+    keys_file: str = Field(
+        "",
+        description="File of API keys, one per line (blank lines and # comments ignored); "
+        "when set, every /v1 request needs `Authorization: Bearer <key>` and a file with "
+        "no keys refuses them all. Empty: no authentication.",
+    )
+    check_interval_s: float = Field(
+        2.0, gt=0, description="How often the file is checked for changes (key rotation)."
     )
 
 
@@ -285,6 +359,7 @@ class Policy(Strict):
     timeouts: TimeoutsSpec = TimeoutsSpec()
     health: HealthSpec = HealthSpec()
     state: StateSpec = StateSpec()
+    auth: AuthSpec = AuthSpec()
     sessions: SessionsSpec = SessionsSpec()
     trimming: TrimmingSpec = TrimmingSpec()
     routing: RoutingSpec = RoutingSpec()

@@ -59,6 +59,10 @@ class SGLangStyleRouter:
     def cached_share(self, replicas: Sequence[Replica], request: RouteRequest) -> float:
         return best_cached_share(self._index, replicas, request)
 
+    def forget(self, replica_id: str) -> None:
+        self._index.forget(replica_id)
+        self._held.pop(replica_id, None)
+
     def dispatched(self, decision: Decision, request: RouteRequest) -> None:
         replica = decision.replica.id
         self._index.record(replica, request.blocks)

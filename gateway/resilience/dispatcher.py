@@ -176,15 +176,26 @@ class Dispatcher:
         route: RouteRequest,
         record: RequestRecord,
     ) -> Dispatch:
-        total_s = self._policy.timeouts.total_s
-        deadline = asyncio.get_running_loop().time() + total_s
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._policy.timeouts.total_s
         outbound = _Outbound(pool, model, path, body, headers, route, record)
-        retries = self._policy.resilience.retries
         tried: set[Replica] = set()
+        # The first try runs outside the retry machinery: nearly every request succeeds on
+        # it, and building tenacity's loop cost ~5% of the gateway's CPU per request
+        # (profiled at c=32, `make bench`).
+        try:
+            dispatch = await self._try(outbound, tried)
+        except _Retryable as failed:
+            first_failure = failed
+        else:
+            dispatch.deadline, dispatch.attempts = deadline, 1
+            return dispatch
+        retries = self._policy.resilience.retries
         attempts = 0
         retrying = AsyncRetrying(
             # No try starts after the request's deadline, however many are left.
-            stop=stop_after_attempt(retries.attempts) | stop_before_delay(total_s),
+            stop=stop_after_attempt(retries.attempts)
+            | stop_before_delay(max(0.0, deadline - loop.time())),
             wait=lambda state: _wait_of(state, retries),
             retry=retry_if_exception_type(_Retryable),
             reraise=True,
@@ -193,8 +204,9 @@ class Dispatcher:
             async for attempt in retrying:
                 with attempt:
                     attempts += 1
-                    if attempts > 1:
-                        self._metrics.retries.labels(pool.name).inc()
+                    if attempts == 1:
+                        raise first_failure  # tenacity's first attempt is the one made above
+                    self._metrics.retries.labels(pool.name).inc()
                     dispatch = await self._try(outbound, tried)
                     dispatch.deadline, dispatch.attempts = deadline, attempts
                     return dispatch

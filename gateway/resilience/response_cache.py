@@ -16,6 +16,10 @@ from typing import Any, Protocol
 import orjson
 import redis.asyncio as aioredis
 
+from gateway.redis_client import RedisClient
+from gateway.redis_keys import answer_key
+from gateway.sessions.keys import DEFAULT_TENANT
+
 log = logging.getLogger(__name__)
 
 _IGNORED = frozenset({"stream_options", "user", "metadata"})  # do not change the answer
@@ -36,14 +40,14 @@ class ResponseCache(Protocol):
 
 
 class RedisResponseCache:
-    def __init__(self, redis: aioredis.Redis, *, ttl_s: int, namespace: str = "default") -> None:
+    def __init__(self, redis: RedisClient, *, ttl_s: int, tenant: str = DEFAULT_TENANT) -> None:
         self._redis = redis
         self._ttl_s = ttl_s
-        self._prefix = f"agw:{namespace}:answer:"
+        self._tenant = tenant
 
     async def get(self, key: str) -> bytes | None:
         try:
-            value = await self._redis.get(self._prefix + key)
+            value = await self._redis.get(answer_key(self._tenant, key))
         except (aioredis.RedisError, OSError) as exc:
             log.warning("response cache not read: %s", exc)
             return None
@@ -53,7 +57,7 @@ class RedisResponseCache:
 
     async def put(self, key: str, payload: bytes) -> None:
         try:
-            await self._redis.set(self._prefix + key, payload, ex=self._ttl_s)
+            await self._redis.set(answer_key(self._tenant, key), payload, ex=self._ttl_s)
         except (aioredis.RedisError, OSError) as exc:
             log.warning("response cache not written: %s", exc)
 

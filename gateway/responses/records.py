@@ -10,6 +10,9 @@ from typing import Any, Protocol
 import orjson
 import redis.asyncio as aioredis
 
+from gateway.redis_client import RedisClient
+from gateway.redis_keys import response_key
+from gateway.sessions.keys import DEFAULT_TENANT
 from gateway.sessions.store import StateUnavailable
 
 
@@ -22,20 +25,25 @@ class ResponseRecords(Protocol):
 
 
 class RedisResponseRecords:
-    def __init__(self, redis: aioredis.Redis, *, ttl_s: int, tenant: str = "default") -> None:
+    """One key per response, tagged by the response id: `GET /v1/responses/{id}` knows
+    only the id, so a record cannot share its session's slot."""
+
+    def __init__(self, redis: RedisClient, *, ttl_s: int, tenant: str = DEFAULT_TENANT) -> None:
         self._redis = redis
         self._ttl_s = ttl_s
-        self._prefix = f"agw:response:{tenant}:"
+        self._tenant = tenant
 
     async def put(self, response_id: str, record: dict[str, Any]) -> None:
         try:
-            await self._redis.set(self._prefix + response_id, orjson.dumps(record), ex=self._ttl_s)
+            await self._redis.set(
+                response_key(self._tenant, response_id), orjson.dumps(record), ex=self._ttl_s
+            )
         except (aioredis.RedisError, OSError) as exc:
             raise StateUnavailable(f"The response store is unreachable ({exc}).") from None
 
     async def get(self, response_id: str) -> dict[str, Any] | None:
         try:
-            raw = await self._redis.get(self._prefix + response_id)
+            raw = await self._redis.get(response_key(self._tenant, response_id))
         except (aioredis.RedisError, OSError) as exc:
             raise StateUnavailable(f"The response store is unreachable ({exc}).") from None
         if raw is None:
@@ -45,7 +53,7 @@ class RedisResponseRecords:
 
     async def delete(self, response_id: str) -> bool:
         try:
-            return bool(await self._redis.delete(self._prefix + response_id))
+            return bool(await self._redis.delete(response_key(self._tenant, response_id)))
         except (aioredis.RedisError, OSError) as exc:
             raise StateUnavailable(f"The response store is unreachable ({exc}).") from None
 

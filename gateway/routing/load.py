@@ -34,3 +34,6 @@ class LoadTracker:
 
     def add(self, replica: str, work: float) -> None:
         self._work[replica] = (self.recent(replica) + work, self._clock())
+
+    def forget(self, replica: str) -> None:
+        self._work.pop(replica, None)

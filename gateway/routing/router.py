@@ -71,6 +71,11 @@ class Router(Protocol):
 
     def dispatched(self, decision: Decision, request: RouteRequest) -> None: ...
 
+    def forget(self, replica_id: str) -> None:
+        """The replica left its pool: drop what is known about it (if it comes back, its
+        cache is empty)."""
+        ...
+
     def cached_share(self, replicas: Sequence[Replica], request: RouteRequest) -> float:
         """The share of the request's prefix blocks the best of these replicas holds."""
         ...
@@ -177,6 +182,11 @@ class CacheAwareRouter:
             if len(self._sessions) > self._settings.session_memory:
                 self._sessions.popitem(last=False)
 
+    def forget(self, replica_id: str) -> None:
+        # Session homes naming it fall back to rendezvous among the replicas left.
+        self._index.forget(replica_id)
+        self._load.forget(replica_id)
+
     def cached_share(self, replicas: Sequence[Replica], request: RouteRequest) -> float:
         return best_cached_share(self._index, replicas, request)
 
@@ -235,6 +245,9 @@ class RoundRobinRouter:
         return Decision(replica, "rotation", 0, len(request.blocks))
 
     def dispatched(self, decision: Decision, request: RouteRequest) -> None:
+        pass
+
+    def forget(self, replica_id: str) -> None:
         pass
 
     def cached_share(self, replicas: Sequence[Replica], request: RouteRequest) -> float:

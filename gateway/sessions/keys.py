@@ -3,7 +3,8 @@
 The key comes from the first source the policy lists that the request carries: the
 `X-Session-Id` header, `metadata.session_id`, or `user`. Keys are namespaced per tenant
 (one `default` tenant until tenants exist) and wrapped in a Redis Cluster hash tag, so all
-of one session's keys share a hash slot and multi-key transactions stay legal on a cluster.
+of one session's keys share a hash slot and multi-key transactions stay legal on a cluster
+(the layout: gateway/redis_keys.py).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 from gateway.errors import InvalidRequest
 from gateway.policy.schema import SessionsSpec
+from gateway.redis_keys import session_key
 
 DEFAULT_TENANT = "default"
 # Printable, no whitespace and no braces (they would break the hash tag).
@@ -26,7 +28,7 @@ class SessionRef:
     id: str
 
     def key(self, part: str) -> str:
-        return f"agw:{{{self.tenant}/{self.id}}}:{part}"
+        return session_key(self.tenant, self.id, part)
 
 
 def check_session_id(value: str, *, param: str) -> str:

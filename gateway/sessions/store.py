@@ -13,6 +13,7 @@ from typing import Protocol
 import redis.asyncio as aioredis
 
 from gateway.errors import GatewayError
+from gateway.redis_client import RedisClient
 from gateway.sessions.checkpoints import Checkpoint
 from gateway.sessions.keys import SessionRef
 
@@ -42,7 +43,7 @@ class CheckpointStore(Protocol):
 
 
 class RedisCheckpoints:
-    def __init__(self, redis: aioredis.Redis, *, ttl_s: int) -> None:
+    def __init__(self, redis: RedisClient, *, ttl_s: int) -> None:
         self._redis = redis
         self._ttl_s = ttl_s
 
@@ -80,7 +81,8 @@ class RedisCheckpoints:
         try:
             items = await self._redis.lrange(source.key("turns"), 0, turns - 1)
             blobs = await self._redis.hgetall(source.key("blobs"))
-            # Source and target may sit in different hash slots: one transaction per side.
+            # Source and target may sit in different hash slots (cluster nodes): the source
+            # is read first, the target written in one transaction of its own slot.
             async with self._redis.pipeline(transaction=True) as tx:
                 tx.delete(target.key("turns"), target.key("blobs"))
                 if items:

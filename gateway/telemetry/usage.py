@@ -11,8 +11,11 @@ sums over millions of requests stay exact. Every figure comes from counted token
   dearest tier, less what they cost on the tier that answered.
 
 Counts are summed in memory per (day, tenant, model, tier) and per session, and written
-to Redis about once a second in one pipeline; a write that fails is kept and retried, so
-an outage of the store delays counts but does not lose them.
+to Redis about once a second in one transaction; a write that fails is kept and retried,
+so an outage of the store delays counts but does not lose them. On a Redis Cluster the
+batch spans hash slots, which no transaction may: it is written as one transaction per
+slot, and only the slots whose transaction failed are kept for the retry (re-sending
+the others would count them twice while one node is down).
 """
 
 from __future__ import annotations
@@ -25,11 +28,14 @@ from collections.abc import Mapping
 from dataclasses import astuple, dataclass, fields
 from typing import Any, Protocol
 
-from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
+from redis.crc import key_slot
 from redis.exceptions import RedisError
 
 from gateway.policy import Policy
 from gateway.policy.telemetry import PriceSpec
+from gateway.redis_client import RedisClient
+from gateway.redis_keys import USAGE_TENANTS_KEY, usage_day_key
 from gateway.sessions.keys import SessionRef
 from gateway.telemetry.record import RequestRecord, ResultFacts
 
@@ -166,6 +172,29 @@ class UsageLedger(Protocol):
     async def session(self, session: SessionRef) -> dict[str, int]: ...
 
 
+class UsageNotWritten(RedisError):
+    """Part of a batch did not reach the ledger: exactly these rows and sessions (the
+    rest of the batch did, and must not be sent again)."""
+
+    def __init__(
+        self,
+        message: str,
+        rows: Mapping[UsageKey, Mapping[str, int]],
+        sessions: Mapping[SessionRef, Mapping[str, int]],
+    ) -> None:
+        super().__init__(message)
+        self.rows = rows
+        self.sessions = sessions
+
+
+@dataclass
+class _SlotBatch:
+    """The rows and sessions of a batch whose keys share one hash slot."""
+
+    rows: dict[UsageKey, Mapping[str, int]]
+    sessions: dict[SessionRef, Mapping[str, int]]
+
+
 def _days(start: dt.date, end: dt.date) -> list[str]:
     return [(start + dt.timedelta(days=n)).isoformat() for n in range((end - start).days + 1)]
 
@@ -174,28 +203,81 @@ class RedisUsageLedger:
     """Daily usage per tenant in one hash per (tenant, day): field `model|tier|counter`;
     per session, a hash beside its checkpoints (same hash tag, same lifetime)."""
 
-    _TENANTS = "agw:usage:tenants"
-
-    def __init__(self, redis: Redis, *, retention_days: int, session_ttl_s: int) -> None:
+    def __init__(self, redis: RedisClient, *, retention_days: int, session_ttl_s: int) -> None:
         self._redis = redis
         self._retention_s = retention_days * 86_400
         self._session_ttl_s = session_ttl_s
-
-    @staticmethod
-    def _day_key(tenant: str, day: str) -> str:
-        return f"agw:usage:{tenant}:{day}"
 
     async def add(
         self,
         rows: Mapping[UsageKey, Mapping[str, int]],
         sessions: Mapping[SessionRef, Mapping[str, int]],
     ) -> None:
-        pipe = self._redis.pipeline(transaction=False)
+        tenants = sorted({tenant for (_, tenant, _, _) in rows})
+        if not isinstance(self._redis, RedisCluster):
+            async with self._redis.pipeline(transaction=True) as tx:
+                if tenants:
+                    tx.sadd(USAGE_TENANTS_KEY, *tenants)
+                self._queue(tx, rows, sessions)
+                await tx.execute()
+            return
+        if tenants:
+            # Its own slot, so before the rows: a row is never left unlisted, and
+            # adding a tenant again when a retry comes is harmless.
+            await self._redis.sadd(USAGE_TENANTS_KEY, *tenants)
+        await self._add_by_slot(self._redis, rows, sessions)
+
+    async def _add_by_slot(
+        self,
+        redis: RedisCluster,
+        rows: Mapping[UsageKey, Mapping[str, int]],
+        sessions: Mapping[SessionRef, Mapping[str, int]],
+    ) -> None:
+        batches: dict[int, _SlotBatch] = {}
+        for usage_key, counts in rows.items():
+            slot = key_slot(usage_day_key(usage_key[1], usage_key[0]).encode())
+            batches.setdefault(slot, _SlotBatch({}, {})).rows[usage_key] = counts
+        for session, counts in sessions.items():
+            slot = key_slot(session.key("usage").encode())
+            batches.setdefault(slot, _SlotBatch({}, {})).sessions[session] = counts
+
+        async def write(batch: _SlotBatch) -> None:
+            async with redis.pipeline(transaction=True) as tx:
+                self._queue(tx, batch.rows, batch.sessions)
+                await tx.execute()
+
+        outcomes = await asyncio.gather(
+            *(write(batch) for batch in batches.values()), return_exceptions=True
+        )
+        failed = [
+            (batch, outcome)
+            for batch, outcome in zip(batches.values(), outcomes, strict=True)
+            if outcome is not None
+        ]
+        if not failed:
+            return
+        for _, outcome in failed:
+            if not isinstance(outcome, Exception):
+                raise outcome  # cancelled, or the interpreter is going down
+        first = failed[0][1]
+        raise UsageNotWritten(
+            f"{len(failed)} of {len(batches)} hash slots not written "
+            f"({type(first).__name__}: {first})",
+            rows={k: v for batch, _ in failed for k, v in batch.rows.items()},
+            sessions={k: v for batch, _ in failed for k, v in batch.sessions.items()},
+        ) from first
+
+    def _queue(
+        self,
+        pipe: Any,
+        rows: Mapping[UsageKey, Mapping[str, int]],
+        sessions: Mapping[SessionRef, Mapping[str, int]],
+    ) -> None:
+        """HINCRBY every non-zero counter, then refresh each touched key's lifetime."""
         touched: set[str] = set()
         for (day, tenant, model, tier), counts in rows.items():
-            key = self._day_key(tenant, day)
+            key = usage_day_key(tenant, day)
             touched.add(key)
-            pipe.sadd(self._TENANTS, tenant)
             for counter, value in counts.items():
                 if value:
                     pipe.hincrby(key, f"{model}|{tier}|{counter}", value)
@@ -207,7 +289,6 @@ class RedisUsageLedger:
                 if value:
                     pipe.hincrby(key, counter, value)
             pipe.expire(key, self._session_ttl_s)
-        await pipe.execute()
 
     async def read(
         self, tenant: str | None, start: dt.date, end: dt.date
@@ -215,12 +296,12 @@ class RedisUsageLedger:
         if tenant is not None:
             tenants = [tenant]
         else:
-            tenants = sorted(_text(t) for t in await self._redis.smembers(self._TENANTS))
+            tenants = sorted(_text(t) for t in await self._redis.smembers(USAGE_TENANTS_KEY))
         days = _days(start, end)
         pipe = self._redis.pipeline(transaction=False)
         wanted = [(t, d) for t in tenants for d in days]
         for t, d in wanted:
-            pipe.hgetall(self._day_key(t, d))
+            pipe.hgetall(usage_day_key(t, d))
         out: dict[UsageKey, dict[str, int]] = {}
         for (t, d), fields_ in zip(wanted, await pipe.execute(), strict=True):
             for field_, value in fields_.items():
@@ -298,13 +379,25 @@ class UsageBook:
             self._rows, self._sessions = defaultdict(dict), defaultdict(dict)
             try:
                 await self._ledger.add(rows, sessions)
+            except UsageNotWritten as exc:
+                log.warning("usage partly written (the rest kept for the next flush): %s", exc)
+                self._keep(exc.rows, exc.sessions)
+                raise
             except (RedisError, OSError) as exc:
                 log.warning("usage not written yet (kept for the next flush): %s", exc)
-                for key, counts in rows.items():
-                    _add_into(self._rows[key], counts)
-                for session, counts in sessions.items():
-                    _add_into(self._sessions[session], counts)
+                self._keep(rows, sessions)
                 raise
+
+    def _keep(
+        self,
+        rows: Mapping[UsageKey, Mapping[str, int]],
+        sessions: Mapping[SessionRef, Mapping[str, int]],
+    ) -> None:
+        """Counts that did not reach the ledger, merged back for the next flush."""
+        for key, counts in rows.items():
+            _add_into(self._rows[key], counts)
+        for session, counts in sessions.items():
+            _add_into(self._sessions[session], counts)
 
     async def read(
         self, tenant: str | None, start: dt.date, end: dt.date

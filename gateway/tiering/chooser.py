@@ -173,7 +173,7 @@ class TierChooser:
         if route.scorer is None or spec.learned is None:
             tier = spec.default_tier or spec.highest
             if session is not None:
-                await self._memory.put(self._key(route, session), tier, spec.stickiness.ttl_s)
+                await self._memory.put(route.name, session, tier, spec.stickiness.ttl_s)
             return tier, "default tier", "default"
         threshold = spec.learned.threshold
         score = route.scorer.score(facts.last_user)
@@ -182,8 +182,8 @@ class TierChooser:
         reason = f"router: score {score:.3f} {sign} threshold {threshold:.3f}"
         if session is None:
             return wanted, reason, "router"
-        key, ttl_s = self._key(route, session), spec.stickiness.ttl_s
-        current = await self._memory.get(key)
+        ttl_s = spec.stickiness.ttl_s
+        current = await self._memory.get(route.name, session)
         if current is not None and current != wanted and current in route.pools:
             margin = self._switch_margin(route, current, route_request)
             needed = threshold + margin if wanted == spec.lowest else threshold - margin
@@ -194,9 +194,9 @@ class TierChooser:
                     f"session: stays on {current} (score {score:.3f}; moving to {wanted} "
                     f"needs {sign} {needed:.3f})"
                 )
-                await self._memory.put(key, current, ttl_s)  # refreshes its time to live
+                await self._memory.put(route.name, session, current, ttl_s)  # refreshes its TTL
                 return current, reason, "session"
-        await self._memory.put(key, wanted, ttl_s)
+        await self._memory.put(route.name, session, wanted, ttl_s)
         return wanted, reason, "router"
 
     def _switch_margin(self, route: _Route, current: str, route_request: RouteRequest) -> float:
@@ -205,10 +205,6 @@ class TierChooser:
         if stickiness.cache_weight and route_request.blocks:
             share = self._cached_share(route.pools[current].replicas, route_request)
         return stickiness.margin + stickiness.cache_weight * share
-
-    @staticmethod
-    def _key(route: _Route, session: str) -> str:
-        return f"{route.name}:{session}"
 
     def _check_serves(self, alias: str, route: _Route, endpoint: Endpoint) -> None:
         if not all(pool.serves(endpoint) for pool in route.pools.values()):

@@ -11,23 +11,31 @@ from typing import Protocol
 
 import redis.asyncio as aioredis
 
+from gateway.redis_client import RedisClient
+from gateway.redis_keys import session_tier_key
+from gateway.sessions.keys import DEFAULT_TENANT
+
 log = logging.getLogger(__name__)
 
 
 class SessionTiers(Protocol):
-    async def get(self, session: str) -> str | None: ...
+    """A session's tier under each `tiering` entry (route) it was routed by."""
 
-    async def put(self, session: str, tier: str, ttl_s: int) -> None: ...
+    async def get(self, route: str, session: str) -> str | None: ...
+
+    async def put(self, route: str, session: str, tier: str, ttl_s: int) -> None: ...
 
 
 class RedisSessionTiers:
-    def __init__(self, redis: aioredis.Redis, *, namespace: str = "default") -> None:
-        self._redis = redis
-        self._prefix = f"agw:{namespace}:tier:"
+    """One key per (session, route), beside the session's checkpoints (same hash tag)."""
 
-    async def get(self, session: str) -> str | None:
+    def __init__(self, redis: RedisClient, *, tenant: str = DEFAULT_TENANT) -> None:
+        self._redis = redis
+        self._tenant = tenant
+
+    async def get(self, route: str, session: str) -> str | None:
         try:
-            value = await self._redis.get(self._prefix + session)
+            value = await self._redis.get(session_tier_key(self._tenant, session, route))
         except (aioredis.RedisError, OSError) as exc:
             log.warning("session tier not read: %s", exc)
             return None
@@ -35,9 +43,9 @@ class RedisSessionTiers:
             return None
         return value.decode() if isinstance(value, bytes) else str(value)
 
-    async def put(self, session: str, tier: str, ttl_s: int) -> None:
+    async def put(self, route: str, session: str, tier: str, ttl_s: int) -> None:
         try:
-            await self._redis.set(self._prefix + session, tier, ex=ttl_s)
+            await self._redis.set(session_tier_key(self._tenant, session, route), tier, ex=ttl_s)
         except (aioredis.RedisError, OSError) as exc:
             log.warning("session tier not stored: %s", exc)
 
@@ -46,10 +54,10 @@ class MemorySessionTiers:
     """In-memory twin for unit tests."""
 
     def __init__(self) -> None:
-        self.tiers: dict[str, str] = {}
+        self.tiers: dict[str, str] = {}  # by "route:session"
 
-    async def get(self, session: str) -> str | None:
-        return self.tiers.get(session)
+    async def get(self, route: str, session: str) -> str | None:
+        return self.tiers.get(f"{route}:{session}")
 
-    async def put(self, session: str, tier: str, ttl_s: int) -> None:
-        self.tiers[session] = tier
+    async def put(self, route: str, session: str, tier: str, ttl_s: int) -> None:
+        self.tiers[f"{route}:{session}"] = tier

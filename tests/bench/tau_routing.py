@@ -26,7 +26,6 @@ import asyncio
 import json
 import os
 import random
-import socket
 import subprocess
 import sys
 import tempfile
@@ -41,7 +40,7 @@ import httpx
 
 from engine.cli import resolve_model
 from engine.profiles import load_profile
-from engine.supervisor import ROOT, Launch, Paths, down, up
+from engine.supervisor import ROOT, Launch, Paths, down, free_port, up
 
 DATA = ROOT.parent / "shared" / "data" / "agent-trajectories" / "tau_bench_airline_dev.jsonl"
 ROUTER_VERSION = "0.1.17"
@@ -75,13 +74,6 @@ UNCANONICALISED = Target(
     canonicalize=False,
     shuffle_tools=True,
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def conversations(limit: int, max_chars: int) -> list[list[dict[str, Any]]]:

@@ -30,9 +30,10 @@ from typing import Any
 
 import httpx
 
+from engine.supervisor import free_port
 from gateway.replay.sim import percentile
 from tests.bench.report import write_report
-from tests.fault.harness import ROOT, free_port, running_upstreams
+from tests.fault.harness import ROOT, running_upstreams
 
 SETTINGS = {"traces off": None, "sampled 0.1 (default)": 0.1, "every request traced": 1.0}
 

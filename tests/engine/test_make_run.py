@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,16 +14,9 @@ from pathlib import Path
 import pytest
 from openai import OpenAI
 
-from engine.supervisor import ROOT
+from engine.supervisor import ROOT, free_port
 
 pytestmark = pytest.mark.engine
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def test_stack_serves_through_real_vllm_and_stops_on_ctrl_c(tmp_path: Path) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,19 +18,13 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from engine.supervisor import free_port
 from gateway.replicas import Replica
 
 ROOT = Path(__file__).resolve().parents[2]
 
 MAIN_POOL = "main"
 SPARE_POOL = "spare"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @dataclass

@@ -9,7 +9,6 @@ and a missing engine is a failure.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -25,7 +24,7 @@ import pytest
 from engine.cli import resolve_model
 from engine.profiles import load_profile
 from engine.state import ReplicaRecord
-from engine.supervisor import ROOT, Launch, Paths, down, up
+from engine.supervisor import ROOT, Launch, Paths, down, free_port, up
 
 
 @dataclass(frozen=True)
@@ -47,13 +46,6 @@ class Gateway:
     @property
     def v1(self) -> str:
         return f"{self.base_url}/v1"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def engine_paths(run_dir: Path) -> Paths:
@@ -97,7 +89,7 @@ def gateway(
     engines: Engines, redis_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Gateway]:
     work = tmp_path_factory.mktemp("gateway")
-    dead = DEAD_URL.format(port=_free_port())  # nothing listens there: a replica that is down
+    dead = DEAD_URL.format(port=free_port())  # nothing listens there: a replica that is down
     live_chat = engines.urls("tiny-chat")[0]
     policy = work / "policy.yaml"
     policy.write_text(
@@ -134,7 +126,7 @@ models:
 @contextmanager
 def running_gateway(policy: Path, log: Path, port: int | None = None) -> Iterator[Gateway]:
     """`gateway serve` as a real process; stopped (SIGTERM, graceful) on exit."""
-    port = port or _free_port()
+    port = port or free_port()
     with log.open("ab") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "gateway", "serve", "--policy", str(policy),

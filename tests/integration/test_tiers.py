@@ -20,6 +20,7 @@ from openai.types.chat import ChatCompletionMessageParam
 from openai.types.shared_params import ResponseFormatJSONSchema
 from pydantic import BaseModel
 
+from gateway.redis_keys import session_tier_key
 from gateway.tiering.learned import LearnedRouter
 from tests.integration.conftest import Engines, Gateway, running_gateway
 
@@ -235,5 +236,5 @@ def test_a_session_does_not_bounce_between_tiers(
     assert tier == "small"
     assert reason.startswith("router: score ")
     # The session's tier lives in Redis, for every gateway replica to see.
-    stored = redis.Redis.from_url(redis_url).get(f"agw:default:tier:sticky:{session}")
+    stored = redis.Redis.from_url(redis_url).get(session_tier_key("default", session, "sticky"))
     assert stored == b"large"

@@ -7,6 +7,7 @@ import uuid
 import pytest
 import redis.asyncio as aioredis
 
+from gateway.redis_keys import response_key
 from gateway.responses.records import (
     MemoryResponseRecords,
     RedisResponseRecords,
@@ -35,4 +36,4 @@ async def test_a_record_is_kept_read_and_deleted(records: ResponseRecords) -> No
 async def test_redis_records_expire_with_the_sessions(redis: aioredis.Redis) -> None:
     response_id = f"resp_{uuid.uuid4().hex}"
     await RedisResponseRecords(redis, ttl_s=600).put(response_id, {"x": 1})
-    assert 590 < await redis.ttl(f"agw:response:default:{response_id}") <= 600
+    assert 590 < await redis.ttl(response_key("default", response_id)) <= 600

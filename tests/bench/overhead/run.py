@@ -27,7 +27,9 @@ timed requests a run by default). Inter-chunk added latency = the target's gap b
 stream events minus direct's, at the median (0 wherever events arrive together, as they
 mostly do from a 0 ms engine) and on average (how much longer the rest of the stream takes
 after its first event, per event). Peak RSS is VmHWM of the target's
-process tree (the mock's for direct). Then a leak check: a fresh gateway takes 100,000
+process tree (the mock's for direct); CPU ms per request is the tree's user + system CPU
+over a run divided by the requests it served (warm-up included): the figure for sizing
+(cores per 1,000 req/s) and steadier than latency on a shared machine. Then a leak check: a fresh gateway takes 100,000
 whole tau requests at concurrency 32, its VmRSS read after every tenth.
 
 The load generator, the mock and the target share the machine's cores (2 here): at
@@ -165,6 +167,7 @@ def measure_round(
                     warm_up(target, bodies, args.warmup)
                     for workload in workloads:
                         for c in workload.concurrencies:
+                            cpu_before = target.process.cpu_s()
                             result = loadgen(
                                 target,
                                 bodies[workload.body],
@@ -172,6 +175,11 @@ def measure_round(
                                 requests=args.requests,
                                 stream=workload.stream,
                             )
+                            # The target's CPU per request (warm-up included): what sizing
+                            # needs, and steadier than latency on a shared machine.
+                            sent = args.requests + max(c, 20)
+                            used_s = target.process.cpu_s() - cpu_before
+                            result["cpu_ms_per_request"] = round(used_s * 1e3 / sent, 4)
                             runs = raw.setdefault(name, {}).setdefault(workload.name, {})
                             runs.setdefault(c, []).append(result)
                             where = f"round {round_}/{args.rounds}"
@@ -251,10 +259,13 @@ def summarise(raw: Raw) -> dict[str, Any]:
                 gap: list[float] = []
                 gap_mean: list[float] = []
                 errors: list[int] = []
+                cpu: list[float] = []
                 for i, result in enumerate(rounds):
                     if result is None or result["latency_ms"] is None:
                         continue
                     errors.append(result["errors"])
+                    if "cpu_ms_per_request" in result:
+                        cpu.append(result["cpu_ms_per_request"])
                     lat = result["latency_ms"]
                     lat50.append(lat["p50"])
                     lat99.append(lat["p99"])
@@ -278,6 +289,7 @@ def summarise(raw: Raw) -> dict[str, Any]:
                     "latency_p99_ms": _median(lat99),
                     "rps": _median(rps),
                     "ttfc_p50_ms": _median(ttfc),
+                    "cpu_ms_per_request": _median(cpu),
                     "errors": sum(errors),
                 }
                 if ttfc:
@@ -363,6 +375,7 @@ def print_table(report: dict[str, Any]) -> None:
     header = (
         f"{'workload':<16}{'c':>4}  {'target':<12}{'p50 ms':>10}{'p99 ms':>10}{'+p50 ms':>10}"
         f"{'+p99 ms':>10}{'req/s':>8}{'TTFC p50':>10}{'+gap p50':>10}{'+gap mean':>10}"
+        f"{'CPU ms':>8}"
     )
     print(header)
     print("-" * len(header))
@@ -383,6 +396,7 @@ def print_table(report: dict[str, Any]) -> None:
                     _cell(entry["ttfc_p50_ms"], ".3f", 10),
                     _cell(entry.get("interchunk_added_p50_us"), "+.1f", 10),
                     _cell(entry.get("interchunk_added_mean_us"), "+.1f", 10),
+                    _cell(entry.get("cpu_ms_per_request"), ".3f", 8),
                 )
                 print(f"{workload.name:<16}{c:>4}  {target:<12}{''.join(cells)}{flag}")
         print()

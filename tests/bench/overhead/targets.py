@@ -19,7 +19,8 @@ from pathlib import Path
 
 import httpx
 
-from tests.fault.harness import ROOT, free_port
+from engine.supervisor import free_port
+from tests.fault.harness import ROOT
 
 MOCK_MODEL = "bench-model"  # what the mock engine serves, as vLLM's --served-model-name
 ALIAS = "bench"  # the name clients use at the gateway and LiteLLM
@@ -67,6 +68,17 @@ class Process:
 
     def rss_mb(self) -> float:
         return _sum_status(self.proc.pid, "VmRSS")
+
+    def cpu_s(self) -> float:
+        """User + system CPU seconds of the process and every descendant so far."""
+        ticks = 0
+        for each in _descendants(self.proc.pid):
+            try:
+                fields = Path(f"/proc/{each}/stat").read_text().rsplit(")", 1)[1].split()
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+            ticks += int(fields[11]) + int(fields[12])  # utime, stime
+        return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def _descendants(pid: int) -> list[int]:

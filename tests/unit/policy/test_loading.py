@@ -104,7 +104,7 @@ def test_unknown_endpoint_is_rejected(tmp_path: Path) -> None:
 def test_pool_without_any_replica_source_is_rejected(tmp_path: Path) -> None:
     text = VALID.replace("    replicas:\n      - url: http://127.0.0.1:8001\n", "")
     message = reject(text, tmp_path)
-    assert "pools.chat: a pool needs `replicas`, `engine_state`, or both" in message
+    assert "pools.chat: a pool needs `replicas`, `engine_state`, `discover`, or a mix" in message
 
 
 def test_empty_models_are_rejected(tmp_path: Path) -> None:

@@ -1,0 +1,64 @@
+"""Every Redis key the gateway writes, built here and nowhere else.
+
+Redis Cluster places a key by the CRC16 of its hash tag, the text between the first `{`
+and the next `}`, or of the whole key when it has none. Keys that belong together carry
+the same tag, so they live in one slot (one node) and one MULTI/EXEC may touch them all:
+
+    key                                    type    holds (written by)
+    agw:{<tenant>/<session>}:turns         list    a checkpoint per turn (sessions/store.py)
+    agw:{<tenant>/<session>}:blobs         hash    tool sets by digest (sessions/store.py)
+    agw:{<tenant>/<session>}:usage         hash    its usage counters (telemetry/usage.py)
+    agw:{<tenant>/<session>}:prefix        string  last prefix fingerprint (prefix_watch.py)
+    agw:{<tenant>/<session>}:tier:<route>  string  its sticky tier (tiering/memory.py)
+    agw:response:{<tenant>/<response id>}  string  a stored response (responses/records.py)
+    agw:answer:{<tenant>/<sha256>}         string  a kept answer (resilience/response_cache.py)
+    agw:usage:<tenant>:<day>               hash    a ledger day row (telemetry/usage.py)
+    agw:usage:tenants                      set     tenants with ledger rows (telemetry/usage.py)
+
+Every command touches one key, or keys of one tag (a session's turns and blobs together),
+so no command or transaction ever spans slots. The ledger's day rows are written in a
+batch that does span slots; telemetry/usage.py splits it by slot. Day rows keep the names
+they had before the cluster layout (no tag: each is read and written on its own), so a
+ledger survives the upgrade; the other keys moved under tags, which orphans what an
+embedded Redis held for sessions that were in flight across the upgrade.
+"""
+
+from __future__ import annotations
+
+
+def _tag_text(value: str) -> str:
+    """`value` made safe inside a hash tag: a brace would end or open the tag early, so
+    braces (and `%`, to keep the mapping one-to-one) are percent-encoded. Checked session
+    ids (sessions/keys.py) contain none of them and are used as they are."""
+    if "{" not in value and "}" not in value and "%" not in value:
+        return value
+    return value.replace("%", "%25").replace("{", "%7B").replace("}", "%7D")
+
+
+def hash_tag(tenant: str, entity: str) -> str:
+    """The tag that puts every key of one entity (a session, a response) in one slot."""
+    return "{" + _tag_text(tenant) + "/" + _tag_text(entity) + "}"
+
+
+def session_key(tenant: str, session: str, part: str) -> str:
+    return f"agw:{hash_tag(tenant, session)}:{part}"
+
+
+def session_tier_key(tenant: str, session: str, route: str) -> str:
+    """`route`: the `tiering` entry whose choice this is."""
+    return session_key(tenant, session, f"tier:{route}")
+
+
+def response_key(tenant: str, response_id: str) -> str:
+    return f"agw:response:{hash_tag(tenant, response_id)}"
+
+
+def answer_key(tenant: str, request_hash: str) -> str:
+    return f"agw:answer:{hash_tag(tenant, request_hash)}"
+
+
+def usage_day_key(tenant: str, day: str) -> str:
+    return f"agw:usage:{tenant}:{day}"
+
+
+USAGE_TENANTS_KEY = "agw:usage:tenants"

@@ -1,0 +1,228 @@
+"""The objects one policy is turned into (a `Runtime`), and the long-lived ones every
+runtime shares (`Services`).
+
+`create_app()` (gateway/app.py) makes the `Services` once per process: what must outlive
+any one policy (the engine HTTP client and its connection pool, the state store, the
+metrics registry, telemetry). `build_runtime` makes everything else from a policy and
+those services: the fleet, router, breakers, health checks, engine-metrics scraper, DNS
+discovery, the pipeline and the Responses service. At start-up that is done once; a
+policy reload (gateway/reload.py) builds a second runtime beside the running one, starts
+its background tasks, `activate`s it and then stops the old one's.
+
+`activate` swaps the references the request path reads (`app.state.pipeline`, ...) in one
+synchronous step, so no request sees half of each policy: a request that starts after it
+uses only new objects, and a request already running keeps the objects it started with
+(its replica slot and breaker outcome go back to the objects it took them from).
+
+What a new runtime takes over from the one it replaces, so that a reload does not make
+the gateway forget what it learned about the engines:
+- replica objects whose pool and URL are unchanged: health and in-flight counts
+  (gateway/replicas.py), and the last DNS answer of pools whose `discover` is unchanged;
+- the breakers, when `resilience.breaker` is unchanged (they are keyed by replica id);
+- the router (which replica's prefix cache holds what, session homes, recent load), when
+  `routing` is unchanged; a changed `routing` (a weight, the strategy) starts a new one.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from starlette.datastructures import State
+
+from gateway.discovery import Discovery, DiscoveryMetrics, Resolver
+from gateway.engine_metrics import EngineMetricsScraper, EngineStats
+from gateway.health import HealthMonitor
+from gateway.metrics import GatewayMetrics
+from gateway.pipeline import Pipeline
+from gateway.policy import Policy
+from gateway.prefix_watch import RedisFingerprints
+from gateway.replicas import Fleet
+from gateway.resilience.dispatcher import Breakers, Dispatcher
+from gateway.resilience.response_cache import RedisResponseCache
+from gateway.responses.records import RedisResponseRecords
+from gateway.responses.service import ResponsesService
+from gateway.routing.build import build_router
+from gateway.routing.router import EngineLoad, Router
+from gateway.sessions.store import RedisCheckpoints
+from gateway.sessions.turns import SessionTurns
+from gateway.state_store import StateStore
+from gateway.telemetry.fleet_view import FleetView
+from gateway.telemetry.service import Telemetry
+from gateway.telemetry.usage import Prices
+from gateway.tiering.chooser import TierChooser, load_learned_router
+from gateway.tiering.memory import RedisSessionTiers
+from gateway.trimming.tokens import token_counter
+from gateway.trimming.trim import Trimmer
+from gateway.upstream import AiohttpUpstream, Upstream
+
+
+class CurrentEngineLoads:
+    """The engines' load as the current runtime's scraper last read it. Routers read it
+    through this, so a router kept across a reload reads the new scraper's numbers."""
+
+    def __init__(self) -> None:
+        self.source: EngineMetricsScraper | None = None
+
+    def get(self, url: str) -> EngineLoad | None:
+        source = self.source
+        return source.get(url) if source is not None else None
+
+
+@dataclass(frozen=True)
+class Services:
+    """What lives as long as the process, whatever the policy (the state store open)."""
+
+    upstream: Upstream
+    state: StateStore
+    metrics: GatewayMetrics
+    telemetry: Telemetry
+    resolver: Resolver
+    discovery_metrics: DiscoveryMetrics
+    engine_loads: CurrentEngineLoads
+    health_checks: bool  # poll /health and /metrics (only with the real aiohttp client)
+
+
+@dataclass(eq=False)
+class Runtime:
+    """Everything built from one policy."""
+
+    policy: Policy
+    fleet: Fleet
+    breakers: Breakers
+    router: Router
+    discovery: Discovery
+    monitor: HealthMonitor | None
+    scraper: EngineMetricsScraper | None
+    fleet_view: FleetView
+    checkpoints: RedisCheckpoints
+    pipeline: Pipeline
+    responses: ResponsesService
+
+    async def start(self, *, first: bool) -> None:
+        """Start the background tasks, after one round of each that the first requests
+        need: the discovered replicas; at start-up who is up (a reload keeps the health of
+        the replicas it keeps; one it adds is trusted until checked, like a replica that
+        joins through DNS or the engine state file); on a reload the engines' load, which
+        a kept router reads from the new scraper as soon as this runtime is active."""
+        await self.discovery.refresh_all()
+        self.discovery.start()
+        if self.monitor is not None:
+            if first:
+                await self.monitor.check_all(first=True)
+            self.monitor.start()
+        if self.scraper is not None:
+            if not first:
+                await self.scraper.scrape_all()
+            self.scraper.start()
+
+    def activate(self, state: State, services: Services, previous: Runtime | None) -> None:
+        """Make this the runtime new requests use. Synchronous on purpose: nothing else
+        runs on the event loop between the first assignment and the last."""
+        services.engine_loads.source = self.scraper
+        services.telemetry.prices = Prices(self.policy)
+        registry = services.metrics.registry
+        if previous is not None:
+            registry.unregister(previous.fleet_view)  # no scrape sees both
+            kept = {r.id for r in self.fleet.all_replicas()}
+            for replica in previous.fleet.all_replicas():
+                if replica.id not in kept:  # a pool or replica the new policy dropped
+                    self.router.forget(replica.id)
+        registry.register(self.fleet_view)
+        state.runtime = self
+        state.fleet = self.fleet
+        state.fleet_view = self.fleet_view
+        state.checkpoints = self.checkpoints
+        state.pipeline = self.pipeline
+        state.responses = self.responses
+
+    def deactivate(self, services: Services) -> None:
+        """At shutdown, after the last request."""
+        services.metrics.registry.unregister(self.fleet_view)
+
+    async def stop(self) -> None:
+        """Stop the background tasks; requests still running on these objects finish."""
+        await self.discovery.stop()
+        if self.monitor is not None:
+            await self.monitor.stop()
+        if self.scraper is not None:
+            await self.scraper.stop()
+
+
+def build_runtime(policy: Policy, services: Services, previous: Runtime | None = None) -> Runtime:
+    """Build, start nothing: safe to call off the event loop (a reload does, so loading a
+    tokenizer or a learned router does not stall requests in flight)."""
+    metrics = services.metrics
+    fleet = Fleet(policy, previous.fleet if previous is not None else None)
+    breakers = (
+        previous.breakers
+        if previous is not None and previous.policy.resilience.breaker == policy.resilience.breaker
+        else Breakers(policy, metrics)
+    )
+    router = (
+        previous.router
+        if previous is not None and previous.policy.routing == policy.routing
+        else build_router(policy.routing, time.monotonic, services.engine_loads)
+    )
+    fleet.on_departure(lambda replica: router.forget(replica.id))
+    monitor: HealthMonitor | None = None
+    scraper: EngineMetricsScraper | None = None
+    client = services.upstream
+    if services.health_checks and isinstance(client, AiohttpUpstream):
+        monitor = HealthMonitor(fleet, client.session, policy.health)
+        scraper = EngineMetricsScraper(fleet, client.session, policy.routing.scrape_interval_s)
+    redis = services.state.redis
+    assert redis is not None, "the state store opens before any runtime is built"
+    fleet_view = FleetView(
+        fleet,
+        breakers,
+        scraper.stats if scraper else _no_stats,
+        services.telemetry.live.replica_requests,
+    )
+    checkpoints = RedisCheckpoints(redis, ttl_s=policy.sessions.ttl_s)
+    trimming = policy.trimming
+    trimmer = Trimmer(trimming, token_counter(trimming.tokenizer)) if trimming.enabled else None
+    pipeline = Pipeline(
+        policy,
+        fleet,
+        router,
+        client,
+        fingerprints=RedisFingerprints(redis),
+        metrics=metrics,
+        sessions=SessionTurns(checkpoints, trimmer),
+        tiers=TierChooser(
+            policy,
+            fleet,
+            memory=RedisSessionTiers(redis),
+            cached_share=router.cached_share,
+            load_scorer=load_learned_router,
+        ),
+        dispatcher=Dispatcher(
+            policy,
+            router,
+            client,
+            metrics,
+            engine_load=scraper.get if scraper else None,
+            breakers=breakers,
+        ),
+        answers=RedisResponseCache(redis, ttl_s=policy.resilience.response_cache.ttl_s),
+    )
+    return Runtime(
+        policy=policy,
+        fleet=fleet,
+        breakers=breakers,
+        router=router,
+        discovery=Discovery(fleet, services.resolver, services.discovery_metrics),
+        monitor=monitor,
+        scraper=scraper,
+        fleet_view=fleet_view,
+        checkpoints=checkpoints,
+        pipeline=pipeline,
+        responses=ResponsesService(
+            pipeline, checkpoints, RedisResponseRecords(redis, ttl_s=policy.sessions.ttl_s)
+        ),
+    )
+
+
+def _no_stats(url: str) -> EngineStats | None:
+    return None
