@@ -23,12 +23,15 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp
 
+from gateway.api.admin import build_admin_router
+from gateway.api.body import BodyLimit
 from gateway.api.calls import ApiCalls
 from gateway.api.observability import build_observability_router
+from gateway.api.openapi import build_openapi_router
 from gateway.api.responses import build_responses_router
 from gateway.api.routes import build_api_router
 from gateway.api.sessions import build_sessions_router
-from gateway.auth import ApiKeyAuth, KeyStore, open_key_store
+from gateway.auth import AdminKeyStore, ApiKeyAuth, KeyStore
 from gateway.discovery import DiscoveryMetrics, Resolver, SystemResolver
 from gateway.errors import (
     GatewayError,
@@ -37,6 +40,9 @@ from gateway.errors import (
     NotFound,
     error_response,
 )
+from gateway.keys.checks import admin_keys, tenant_keys
+from gateway.keys.runtime import RedisKeys
+from gateway.keys.tenants import Tenants
 from gateway.metrics import GatewayMetrics
 from gateway.middleware import EdgeMiddleware
 from gateway.policy import Policy
@@ -68,7 +74,8 @@ def create_app(
     metrics = GatewayMetrics()
     discovery_metrics = DiscoveryMetrics(metrics.registry)
     reload_metrics = ReloadMetrics(metrics.registry) if policy_file is not None else None
-    keys = open_key_store(policy.auth)  # read now: the first request is already guarded
+    keys = tenant_keys(policy)  # files read now: the first request is already guarded
+    admin = admin_keys(policy)
     telemetry = Telemetry(policy, metrics, span_processor=span_processor)
     state = store if store is not None else StateStore(policy.state)
 
@@ -78,6 +85,9 @@ def create_app(
         client = upstream if upstream is not None else AiohttpUpstream.create()
         await state.open()
         assert state.redis is not None
+        if keys is not None:
+            keys.attach(state.redis)  # keys created at run time
+        app.state.api_keys = RedisKeys(state.redis)
         telemetry.open(
             RedisUsageLedger(
                 state.redis,
@@ -99,8 +109,9 @@ def create_app(
         runtime = build_runtime(policy, services)
         await runtime.start(first=True)
         runtime.activate(app.state, services, previous=None)
-        if keys is not None:
-            keys.start()
+        for key_check in (keys, admin):
+            if key_check is not None:
+                key_check.start()
         reloader: PolicyReloader | None = None
         if policy_file is not None and reload_metrics is not None:
             reloader = PolicyReloader(app.state, services, policy_file, reload_metrics)
@@ -119,8 +130,9 @@ def create_app(
             gc.unfreeze()
             if reloader is not None:
                 await reloader.stop()  # first: no reload swaps the runtime stopped below
-            if keys is not None:
-                await keys.stop()
+            for key_check in (keys, admin):
+                if key_check is not None:
+                    await key_check.stop()
             current: Runtime = app.state.runtime
             await current.stop()
             await client.close()
@@ -132,6 +144,7 @@ def create_app(
         telemetry,
         policy.limits.max_body_bytes,
         keys,
+        admin,
         title="agent-gateway",
         lifespan=lifespan,
         docs_url=None,
@@ -142,6 +155,9 @@ def create_app(
     app.include_router(build_observability_router())
     app.include_router(build_sessions_router())
     app.include_router(build_responses_router())
+    if admin is not None:  # no admin key, no admin API
+        app.include_router(build_admin_router(Tenants(policy)))
+    app.include_router(build_openapi_router())  # the hand-written one: gateway/api/openapi.py
     _install_error_handlers(app)
     return app
 
@@ -151,19 +167,27 @@ class _GatewayApp(FastAPI):
     front of its own stack (gateway/api/calls.py says why)."""
 
     def __init__(
-        self, telemetry: Telemetry, max_body_bytes: int, keys: KeyStore | None, **kwargs: Any
+        self,
+        telemetry: Telemetry,
+        max_body_bytes: int,
+        keys: KeyStore | None,
+        admin: AdminKeyStore | None,
+        **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self._gateway_telemetry = telemetry
         self._max_body_bytes = max_body_bytes
         self._keys = keys
+        self._admin = admin
 
     def build_middleware_stack(self) -> ASGIApp:
+        limit = self._max_body_bytes
         app: ASGIApp = ApiCalls(
-            super().build_middleware_stack(), max_body_bytes=self._max_body_bytes
+            BodyLimit(super().build_middleware_stack(), max_body_bytes=limit), max_body_bytes=limit
         )
-        if self._keys is not None:  # inside the edge: a 401 has a request id and a record
-            app = ApiKeyAuth(app, self._keys)
+        if self._keys is not None or self._admin is not None:
+            # inside the edge: a 401 has a request id and a record
+            app = ApiKeyAuth(app, self._keys, self._admin)
         return EdgeMiddleware(app, self._gateway_telemetry)
 
 

@@ -1,57 +1,59 @@
-"""API keys: who may call `/v1/*`.
+"""API keys: who may call `/v1/*` and `/admin/*`.
 
 `ApiKeyAuth` is a plain-ASGI layer just inside the edge (gateway/middleware.py), so it
 guards the hot API calls answered in plain ASGI (gateway/api/calls.py) and the FastAPI
-routes under /v1 (models, usage, sessions, responses) alike; /healthz, /readyz, /metrics
-and /dashboard stay open for probes and scrapers. A request without a valid
-`Authorization: Bearer <key>` gets 401 in OpenAI's shape, the same body whether the key
-was missing, malformed or unknown.
+routes under /v1 (models, usage, sessions, responses) and /admin alike; /healthz, /readyz,
+/metrics and /dashboard stay open for probes and scrapers. A request without a valid
+`Authorization: Bearer <key>` gets 401 in OpenAI's shape, the same body and headers
+whether the key was missing, malformed, unknown or another tenant's: a caller learns
+nothing about which keys or tenants exist.
 
-Keys live behind the `KeyStore` protocol (`identify(token) -> Identity | None`), so
-tenants and keys kept in Redis can come later without touching the edge. `FileKeyStore`
-reads a file of keys (a Kubernetes Secret mounted as a file): one key per line, blank
-lines and `#` comments ignored. Only SHA-256 digests are held, so a memory dump or a stray
-repr shows no key; a check costs one sha256 and one dict lookup. The file is checked for
-changes every `check_interval_s` by a background task, never on the request path; a
-Secret update (kubelet swaps a symlink) is picked up within that interval.
+A valid /v1 key puts its `Identity` (tenant, key id, roles) and its tenant's
+`TenantAccess` in the ASGI scope's state (`identity`, `tenant`); the request record takes
+the tenant, and everything a tenant owns is namespaced by it. The key checks themselves
+live in gateway/keys/ (tenants' static keys, run-time keys in Redis, admin keys).
+
+`FileKeyStore` reads a file of keys (a Kubernetes Secret mounted as a file): one key per
+line, blank lines and `#` comments ignored; its keys belong to the `default` tenant (or,
+as `auth.admin_keys_file`, are admin keys). Only SHA-256 digests are held, so a memory
+dump or a stray repr shows no key; a check costs one sha256 and one dict lookup. The file
+is checked for changes every `check_interval_s` by a background task, never on the
+request path; a Secret update (kubelet swaps a symlink) is picked up within that interval.
 
 Failure rules, all failing closed: a keys file set in the policy but unreadable at start
 stops the gateway from starting; a file that becomes unreadable later keeps the last keys
 (a rotation is a symlink swap, and a half-finished one must not lock everyone out); a
 file with no keys refuses every request, because an emptied Secret must never open the
-API. Neither the keys nor the Authorization header are ever logged: the request log and
-spans are built from the request record, which carries no header.
+API; a key only Redis could vouch for while Redis is unreachable gets 503. Neither the keys
+nor the Authorization header are ever logged: the request log and spans are built from
+the request record, which carries no header.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gateway.errors import Unauthorized, error_response
+from gateway.errors import GatewayError, Unauthorized, error_response
+from gateway.keys.identity import Identity, TenantAccess, digest_of
 from gateway.periodic import Periodic
-from gateway.policy.schema import AuthSpec
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class Identity:
-    """Who a valid key belongs to. `key_id` names the key without revealing it: the first
-    12 hex digits of its SHA-256 (a tenant will join it when keys have owners)."""
-
-    key_id: str
-
-
 class KeyStore(Protocol):
-    def identify(self, token: bytes) -> Identity | None:
-        """The identity behind a bearer token, or None when it is no valid key."""
+    async def identify(self, token: bytes) -> tuple[Identity, TenantAccess] | None:
+        """The owner of a bearer token and its tenant's access, or None when it is no
+        valid key."""
         ...
+
+
+class AdminKeyStore(Protocol):
+    def identify(self, token: bytes) -> Identity | None: ...
 
 
 class KeysFileError(Exception):
@@ -84,7 +86,10 @@ class FileKeyStore:
         self._loop = Periodic("api-keys", check_interval_s, self._check)
 
     def identify(self, token: bytes) -> Identity | None:
-        return self._keys.get(hashlib.sha256(token).digest())
+        return self._keys.get(digest_of(token))
+
+    def identify_digest(self, digest: bytes) -> Identity | None:
+        return self._keys.get(digest)
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -129,46 +134,76 @@ class FileKeyStore:
         await self._loop.stop()
 
 
-def open_key_store(spec: AuthSpec) -> FileKeyStore | None:
-    """The key store the policy asks for; None when authentication is off."""
-    if not spec.keys_file:
-        return None
-    return FileKeyStore(Path(spec.keys_file), spec.check_interval_s)
-
-
 def _is_api(path: str) -> bool:
     return path.startswith("/v1/") or path == "/v1"
 
 
-class ApiKeyAuth:
-    """The ASGI layer: `/v1/*` requests pass with a valid bearer token, or get 401."""
+def _is_admin(path: str) -> bool:
+    return path.startswith("/admin/") or path == "/admin"
 
-    def __init__(self, app: ASGIApp, keys: KeyStore) -> None:
+
+def _bearer(scope: Scope) -> bytes | None:
+    for name, value in scope["headers"]:
+        if name == b"authorization":
+            raw: bytes = value
+            scheme, _, token = raw.partition(b" ")
+            token = token.strip()
+            if scheme.lower() != b"bearer" or not token:
+                return None
+            return token
+    return None
+
+
+class ApiKeyAuth:
+    """The ASGI layer: `/v1/*` requests pass with a valid tenant key (when `keys` is set:
+    authentication on), `/admin/*` requests with a valid admin key (none without
+    `admin`); anything else gets 401."""
+
+    def __init__(
+        self, app: ASGIApp, keys: KeyStore | None, admin: AdminKeyStore | None = None
+    ) -> None:
         self.app = app
         self._keys = keys
+        self._admin = admin
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not _is_api(scope["path"]):
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        identity = self._identify(scope)
-        state = scope.setdefault("state", {})
-        if identity is None:
+        path = scope["path"]
+        if _is_admin(path):
+            token = _bearer(scope)
+            admin = self._admin.identify(token) if self._admin is not None and token else None
+            if admin is None:
+                await self._refuse(scope, receive, send, Unauthorized())
+                return
+            scope.setdefault("state", {})["admin"] = admin
+        elif self._keys is not None and _is_api(path):
+            token = _bearer(scope)
+            try:
+                found = await self._keys.identify(token) if token else None
+            except GatewayError as exc:  # only Redis could tell, and it cannot now: 503
+                await self._refuse(scope, receive, send, exc)
+                return
+            if found is None:
+                await self._refuse(scope, receive, send, Unauthorized())
+                return
+            identity, access = found
+            state = scope.setdefault("state", {})
+            state["identity"] = identity
+            state["tenant"] = access
             record = state.get("telemetry")
             if record is not None:
-                record.error_type = Unauthorized.default_code
-            response = error_response(Unauthorized(), request_id=state.get("request_id"))
-            await response(scope, receive, send)
-            return
-        state["identity"] = identity
+                record.tenant = identity.tenant
+                record.capture = record.capture and access.capture_content
         await self.app(scope, receive, send)
 
-    def _identify(self, scope: Scope) -> Identity | None:
-        for name, value in scope["headers"]:
-            if name == b"authorization":
-                scheme, _, token = value.partition(b" ")
-                token = token.strip()
-                if scheme.lower() != b"bearer" or not token:
-                    return None
-                return self._keys.identify(token)
-        return None
+    async def _refuse(
+        self, scope: Scope, receive: Receive, send: Send, error: GatewayError
+    ) -> None:
+        state = scope.setdefault("state", {})
+        record = state.get("telemetry")
+        if record is not None:
+            record.error_type = error.code or error.error_type
+        response = error_response(error, request_id=state.get("request_id"))
+        await response(scope, receive, send)

@@ -7,6 +7,9 @@ gateway replay --trace FILE [--replicas N] [--cache-blocks M] [--policy FILE] [-
 gateway trim-eval --trajectories FILE [--policy FILE] [--tokenizer FILE] [--json]
 gateway route-train --labels FILE --out FILE [--seed N]
 gateway route-eval --labels FILE [--policy FILE] [--artifact FILE] [--folds K] [--json]
+gateway keys create --tenant T [--name N] [--role approver] [--policy FILE]
+gateway keys list --tenant T [--policy FILE]
+gateway keys revoke KEY_ID [--policy FILE]
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gateway.keys.cli import add_keys_parser
 from gateway.policy import Policy, PolicyError, load_policy
 from gateway.policy.reloadable import load_policy_file, needs_restart
 from gateway.policy.schema import RoutingSpec
@@ -40,12 +44,15 @@ def policy_json_schema() -> str:
 
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
+    from uvicorn.config import LOGGING_CONFIG
 
     from gateway.app import create_app
+    from gateway.redaction import install_log_redaction, redacting_log_config
 
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    install_log_redaction()  # no credential in a log line (gateway/redaction.py)
     path = _policy_path(args.policy)
     try:
         policy, source = load_policy_file(path)
@@ -69,6 +76,7 @@ def _serve(args: argparse.Namespace) -> int:
         host=host,
         port=port,
         log_level=args.log_level,
+        log_config=redacting_log_config(LOGGING_CONFIG),
         access_log=args.access_log,
         timeout_graceful_shutdown=args.drain_s,
     )
@@ -253,6 +261,17 @@ def _route_eval(args: argparse.Namespace) -> int:
     return _print_report(result, args.json, table)
 
 
+def _keys(args: argparse.Namespace) -> int:
+    from gateway.keys.cli import run_keys_command
+
+    try:
+        policy = load_policy(_policy_path(args.policy))
+    except PolicyError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    return run_keys_command(policy, args)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gateway", description="OpenAI-compatible agent gateway")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -325,6 +344,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     route.add_argument("--json", action="store_true", help="one JSON object instead of a table")
     route.set_defaults(run=_route_eval)
+
+    add_keys_parser(sub, DEFAULT_POLICY).set_defaults(run=_keys)
 
     args = parser.parse_args(argv)
     result: int = args.run(args)

@@ -1,7 +1,9 @@
 """The gateway's one error tree, and the one place it becomes an HTTP response.
 
     GatewayError                      status  type
-    +-- InvalidRequest                  400   invalid_request_error  (malformed JSON, bad field)
+    +-- InvalidRequest                  400   invalid_request_error  (malformed JSON, bad field,
+    |                                     over a policy limit: code=array_above_max_length,
+    |                                     json_too_deep or max_tokens_too_large)
     +-- Unauthorized                    401   invalid_request_error  code=invalid_api_key
     +-- NotFound                        404   invalid_request_error  (unknown route)
     |   +-- ModelNotFound               404   invalid_request_error  code=model_not_found

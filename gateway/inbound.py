@@ -1,6 +1,11 @@
 """Inbound OpenAI request bodies: parsed once, checked just enough to route and to name
 the offending field. The engine validates the rest and its 4xx answers reach the client
 unchanged; every field the gateway does not own is passed through untouched.
+
+The policy's `limits` (message and tool counts, JSON nesting depth, the `max_tokens`
+ceiling) are checked here, in the same pass, so nothing later on the request path (the
+canonicaliser's recursive key sort, orjson re-serialising the body, the session store)
+ever meets a body a working agent would not send.
 """
 
 from __future__ import annotations
@@ -11,9 +16,21 @@ from typing import Any
 import orjson
 
 from gateway.errors import InvalidRequest
+from gateway.json_depth import deeper_by_walk, depth_probe
 from gateway.policy import Endpoint
+from gateway.policy.schema import LimitsSpec
 
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+_CONTAINERS = frozenset({dict, list})
+_NUMBERS = frozenset({int, float})
+_DEFAULT_LIMITS = LimitsSpec()
+# The output-token fields each endpoint takes (the Responses API's are checked by
+# gateway/responses/service.py before its body becomes a chat request).
+_TOKEN_FIELDS = {
+    Endpoint.chat: ("max_tokens", "max_completion_tokens"),
+    Endpoint.completions: ("max_tokens",),
+    Endpoint.embeddings: (),
+}
 
 
 @dataclass(frozen=True)
@@ -43,15 +60,20 @@ def json_object(raw: bytes) -> dict[str, Any]:
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
+        # orjson refuses nesting past 1,024 levels itself: the same answer as a body past
+        # the policy's own depth limit.
+        code = "json_too_deep" if "depth limit" in str(exc) else "invalid_json"
         raise InvalidRequest(
-            f"We could not parse the JSON body of your request: {exc}", code="invalid_json"
+            f"We could not parse the JSON body of your request: {exc}", code=code
         ) from None
     if not isinstance(body, dict):
         raise InvalidRequest("The request body must be a JSON object.", code="invalid_json")
     return body
 
 
-def parse_request(endpoint: Endpoint, raw: bytes) -> InboundRequest:
+def parse_request(
+    endpoint: Endpoint, raw: bytes, limits: LimitsSpec = _DEFAULT_LIMITS
+) -> InboundRequest:
     body = json_object(raw)
     model = body.get("model")
     _require(body, "model")
@@ -69,14 +91,65 @@ def parse_request(endpoint: Endpoint, raw: bytes) -> InboundRequest:
         raise InvalidRequest("Embeddings cannot be streamed.", param="stream", code="invalid_value")
 
     if endpoint is Endpoint.chat:
-        _check_messages(body)
-        _check_tools(body)
+        _check_messages(body, limits.max_messages)
+        _check_tools(body, limits.max_tools)
     elif endpoint is Endpoint.completions:
         _require(body, "prompt")
     else:
         _require(body, "input")
     _check_stream_options(body, stream)
+    check_depth(body, limits.max_json_depth, walk="messages")
+    check_max_tokens(body, _TOKEN_FIELDS[endpoint], limits.max_tokens)
     return InboundRequest(endpoint, raw, body, model, stream)
+
+
+def check_array_length(value: list[Any], limit: int, param: str) -> None:
+    """A 400 in OpenAI's own words and code when an array is over the policy's limit."""
+    if len(value) > limit:
+        raise InvalidRequest(
+            f"Invalid '{param}': array too long. Expected an array with maximum length "
+            f"{limit}, but got an array with length {len(value)} instead.",
+            param=param,
+            code="array_above_max_length",
+        )
+
+
+def check_depth(body: dict[str, Any], limit: int, *, walk: str | None = None) -> None:
+    """A 400 naming the top-level field whose arrays and objects nest past `limit` levels
+    (the body itself is level 1). Never recursive, whatever the depth.
+
+    `walk` names the field holding the conversation (`messages`, or the Responses API's
+    `input`): long text in few containers, cheapest walked. Every other field (tool
+    schemas, response formats, token arrays) is probed by orjson (gateway/json_depth.py).
+    """
+    probe = depth_probe(limit)
+    for name, value in body.items():
+        if type(value) not in _CONTAINERS:
+            continue
+        if probe is None or name == walk:
+            too_deep = deeper_by_walk(value, 2, limit)
+        else:
+            too_deep = probe.deeper(value)
+        if too_deep:
+            raise InvalidRequest(
+                f"`{name}` nests arrays and objects deeper than this gateway allows: "
+                f"{limit} levels, counting the request body as level 1.",
+                param=name,
+                code="json_too_deep",
+            )
+
+
+def check_max_tokens(body: dict[str, Any], fields: tuple[str, ...], ceiling: int) -> None:
+    """A 400 when the client asks for more output tokens than the policy allows; values
+    that are not numbers are the engine's to refuse."""
+    for name in fields:
+        value: Any = body.get(name)
+        if type(value) in _NUMBERS and value > ceiling:  # bool is no number here
+            raise InvalidRequest(
+                f"`{name}` is too large: {value}. This gateway allows at most {ceiling}.",
+                param=name,
+                code="max_tokens_too_large",
+            )
 
 
 def _require(body: dict[str, Any], name: str) -> None:
@@ -86,7 +159,7 @@ def _require(body: dict[str, Any], name: str) -> None:
         )
 
 
-def _check_messages(body: dict[str, Any]) -> None:
+def _check_messages(body: dict[str, Any], limit: int) -> None:
     _require(body, "messages")
     messages = body["messages"]
     if not isinstance(messages, list):
@@ -95,6 +168,7 @@ def _check_messages(body: dict[str, Any]) -> None:
         raise InvalidRequest(
             "`messages` must contain at least one message.", param="messages", code="empty_array"
         )
+    check_array_length(messages, limit, "messages")
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
             raise InvalidRequest(
@@ -116,12 +190,13 @@ def _check_messages(body: dict[str, Any]) -> None:
             )
 
 
-def _check_tools(body: dict[str, Any]) -> None:
+def _check_tools(body: dict[str, Any], limit: int) -> None:
     tools = body.get("tools")
     if tools is None:
         return
     if not isinstance(tools, list):
         raise InvalidRequest("`tools` must be an array.", param="tools", code="invalid_type")
+    check_array_length(tools, limit, "tools")
     for i, tool in enumerate(tools):
         function = tool.get("function") if isinstance(tool, dict) else None
         if not isinstance(function, dict):

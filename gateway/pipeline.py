@@ -17,12 +17,14 @@ from gateway.answers import Answer, read_answer
 from gateway.canonical import Canonicalizer, Fingerprint, fingerprint
 from gateway.errors import (
     InvalidRequest,
+    ModelNotFound,
     NoHealthyReplica,
     OutputCheckFailed,
     Overloaded,
     UpstreamError,
 )
 from gateway.inbound import InboundRequest, parse_request
+from gateway.keys.identity import OPEN_ACCESS, TenantAccess
 from gateway.metrics import GatewayMetrics
 from gateway.policy import Endpoint, Policy
 from gateway.prefix_watch import FingerprintStore
@@ -70,6 +72,8 @@ class RequestContext:
     task: str | None = None  # the X-Task header: a label tier rules can match
     # What telemetry learns about the request; the HTTP layer's, or one nobody reads.
     record: RequestRecord = field(default_factory=RequestRecord.detached)
+    # The caller's tenant (gateway/auth.py): its models, and the namespace of its state.
+    access: TenantAccess = OPEN_ACCESS
 
 
 class Pipeline:
@@ -116,8 +120,8 @@ class Pipeline:
         self, endpoint: Endpoint, raw_body: bytes, context: RequestContext
     ) -> Response:
         record = context.record
-        request = parse_request(endpoint, raw_body)
-        self._tiers.check_model(request.model, endpoint)
+        request = parse_request(endpoint, raw_body, self._policy.limits)
+        self._check_model(request.model, endpoint, context.access)
         record.note_request(request)  # after the check: only known aliases become labels
         session = self._session_of(request, context)
         record.session = session.id if session else None
@@ -137,7 +141,7 @@ class Pipeline:
         if prefix_changes := await self._prefix_changes(request, session):
             notes["X-Gateway-Prefix-Change"] = ",".join(prefix_changes)
         route = self._route_request(
-            request, session.id if session else context.session_id, tools_json
+            request, session.id if session else context.session_id, tools_json, context
         )
         with record.stage("choose_tier"):
             choice = await self._tiers.choose(
@@ -149,7 +153,7 @@ class Pipeline:
         try:
             choice, dispatch = await self._dispatch(choice, request, route, context)
         except _CANNOT_ANSWER:
-            cached = await self._cached_answer(answer_key, request.model, choice, turn)
+            cached = await self._cached_answer(answer_key, request.model, choice, turn, context)
             if cached is None:
                 raise
             return cached
@@ -160,7 +164,9 @@ class Pipeline:
             checkpoint = self._checkpointer(turn, request, choice, dispatch, context)
         if request.stream:
             return self._relay_stream(request, dispatch, headers, checkpoint, record, hide_usage)
-        return await self._relay_whole(request, dispatch, headers, checkpoint, record, answer_key)
+        return await self._relay_whole(
+            request, dispatch, headers, checkpoint, record, answer_key, context.access.name
+        )
 
     async def _checked(
         self,
@@ -248,12 +254,29 @@ class Pipeline:
             idle_s=self._policy.timeouts.idle_s,
         )
 
+    def _check_model(self, alias: str, endpoint: Endpoint, access: TenantAccess) -> None:
+        """A model the tenant may not use is answered exactly as one that does not exist,
+        and no error lists a model the tenant cannot see."""
+        if access.models is None:
+            self._tiers.check_model(alias, endpoint)
+            return
+        available = f" Available models: {', '.join(access.visible(self._fleet.descriptions))}."
+        if not access.allows(alias):
+            raise ModelNotFound(f"The model `{alias}` does not exist.{available}", param="model")
+        try:
+            self._tiers.check_model(alias, endpoint)
+        except ModelNotFound as exc:
+            message = exc.message.split(" Available models: ")[0] + available
+            raise ModelNotFound(message, param="model") from None
+
     def _session_of(self, request: InboundRequest, context: RequestContext) -> SessionRef | None:
         if context.session is not None:
             return context.session
         if request.endpoint is not Endpoint.chat:
             return None
-        return session_for(self._policy.sessions, context.session_id, request.body)
+        return session_for(
+            self._policy.sessions, context.session_id, request.body, context.access.name
+        )
 
     async def _hydrate(
         self, request: InboundRequest, session: SessionRef | None, context: RequestContext
@@ -364,7 +387,9 @@ class Pipeline:
         if not self._canonical[request.model].spec.detect_prefix_changes:
             return []
         current = fingerprint(request.body)
-        previous_text = await self._fingerprints.swap(session.id, current.encode())
+        previous_text = await self._fingerprints.swap(
+            session.id, current.encode(), tenant=session.tenant
+        )
         previous = Fingerprint.decode(previous_text) if previous_text else None
         changes = current.changes_from(previous) if previous else []
         for part in changes:
@@ -379,7 +404,11 @@ class Pipeline:
             blocks.labels(pool.name, "no").inc(decision.total_blocks - decision.cached_blocks)
 
     def _route_request(
-        self, request: InboundRequest, session: str | None, tools_json: bytes | None
+        self,
+        request: InboundRequest,
+        session: str | None,
+        tools_json: bytes | None,
+        context: RequestContext,
     ) -> RouteRequest:
         blocks: tuple[int, ...] = ()
         if self._prefix_routing and request.endpoint is not Endpoint.embeddings:
@@ -387,7 +416,7 @@ class Pipeline:
             blocks = request_blocks(request.body, routing.block_bytes, tools_json)
             if session is None and routing.implicit_sessions:
                 session = conversation_key(request.body, blocks)
-        return RouteRequest(blocks, session)
+        return RouteRequest(blocks, session, context.access.name)
 
     async def _dispatch(
         self,
@@ -438,22 +467,28 @@ class Pipeline:
         checkpoint: Checkpointer | None,
         record: RequestRecord,
         answer_key: str | None = None,
+        tenant: str = OPEN_ACCESS.name,
     ) -> Response:
         answer = await self._read_answer(request, dispatch, record.result)
         if checkpoint is not None:
             turn_number = await checkpoint(answer.reply, answer.usage)
             _report_turn(headers, turn_number)
         if answer_key is not None and self._answers is not None:
-            await self._answers.put(answer_key, answer.payload)
+            await self._answers.put(answer_key, answer.payload, tenant=tenant)
         return Response(answer.payload, media_type=answer.media_type, headers=headers)
 
     async def _cached_answer(
-        self, key: str | None, model: str, choice: TierChoice, turn: Turn | None
+        self,
+        key: str | None,
+        model: str,
+        choice: TierChoice,
+        turn: Turn | None,
+        context: RequestContext,
     ) -> Response | None:
         """The last fallback: this same deterministic request's kept answer."""
         if key is None or self._answers is None:
             return None
-        payload = await self._answers.get(key)
+        payload = await self._answers.get(key, tenant=context.access.name)
         if payload is None:
             return None
         self._metrics.fallbacks.labels(model, "cache").inc()

@@ -21,7 +21,9 @@ log = logging.getLogger(__name__)
 
 
 class FingerprintStore(Protocol):
-    async def swap(self, session: str, fingerprint: str) -> str | None:
+    async def swap(
+        self, session: str, fingerprint: str, *, tenant: str = DEFAULT_TENANT
+    ) -> str | None:
         """Store this turn's fingerprint; return the previous turn's, if any."""
         ...
 
@@ -29,15 +31,14 @@ class FingerprintStore(Protocol):
 class RedisFingerprints:
     """One key per session, beside its checkpoints (same hash tag)."""
 
-    def __init__(
-        self, redis: RedisClient, *, ttl_s: int = 86_400, tenant: str = DEFAULT_TENANT
-    ) -> None:
+    def __init__(self, redis: RedisClient, *, ttl_s: int = 86_400) -> None:
         self._redis = redis
         self._ttl_s = ttl_s
-        self._tenant = tenant
 
-    async def swap(self, session: str, fingerprint: str) -> str | None:
-        key = session_key(self._tenant, session, "prefix")
+    async def swap(
+        self, session: str, fingerprint: str, *, tenant: str = DEFAULT_TENANT
+    ) -> str | None:
+        key = session_key(tenant, session, "prefix")
         try:
             previous = await self._redis.set(key, fingerprint, ex=self._ttl_s, get=True)
         except (aioredis.RedisError, OSError) as exc:
@@ -53,9 +54,11 @@ class MemoryFingerprints:
     """In-memory twin for unit tests."""
 
     def __init__(self) -> None:
-        self.seen: dict[str, str] = {}
+        self.seen: dict[str, str] = {}  # by "tenant/session"
 
-    async def swap(self, session: str, fingerprint: str) -> str | None:
-        previous = self.seen.get(session)
-        self.seen[session] = fingerprint
+    async def swap(
+        self, session: str, fingerprint: str, *, tenant: str = DEFAULT_TENANT
+    ) -> str | None:
+        previous = self.seen.get(f"{tenant}/{session}")
+        self.seen[f"{tenant}/{session}"] = fingerprint
         return previous

@@ -14,6 +14,9 @@ the same tag, so they live in one slot (one node) and one MULTI/EXEC may touch t
     agw:answer:{<tenant>/<sha256>}         string  a kept answer (resilience/response_cache.py)
     agw:usage:<tenant>:<day>               hash    a ledger day row (telemetry/usage.py)
     agw:usage:tenants                      set     tenants with ledger rows (telemetry/usage.py)
+    agw:apikey:{<sha256 hex>}              hash    a key made at run time (keys/runtime.py)
+    agw:apikeys:ids                        hash    key id -> its sha256 hex (keys/runtime.py)
+    agw:apikeys:tenant:{<tenant>}          set     a tenant's run-time key ids (keys/runtime.py)
 
 Every command touches one key, or keys of one tag (a session's turns and blobs together),
 so no command or transaction ever spans slots. The ledger's day rows are written in a
@@ -62,3 +65,15 @@ def usage_day_key(tenant: str, day: str) -> str:
 
 
 USAGE_TENANTS_KEY = "agw:usage:tenants"
+
+
+def api_key_key(digest_hex: str) -> str:
+    """A run-time API key's record, found by the SHA-256 of the key (never the key)."""
+    return "agw:apikey:{" + digest_hex + "}"
+
+
+API_KEY_IDS_KEY = "agw:apikeys:ids"
+
+
+def tenant_keys_key(tenant: str) -> str:
+    return "agw:apikeys:tenant:{" + _tag_text(tenant) + "}"

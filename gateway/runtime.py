@@ -219,7 +219,10 @@ def build_runtime(policy: Policy, services: Services, previous: Runtime | None =
         checkpoints=checkpoints,
         pipeline=pipeline,
         responses=ResponsesService(
-            pipeline, checkpoints, RedisResponseRecords(redis, ttl_s=policy.sessions.ttl_s)
+            pipeline,
+            checkpoints,
+            RedisResponseRecords(redis, ttl_s=policy.sessions.ttl_s),
+            limits=policy.limits,
         ),
     )
 

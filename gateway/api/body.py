@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from starlette.datastructures import Headers
 from starlette.requests import Request
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.errors import InvalidRequest, PayloadTooLarge
+from gateway.errors import InvalidRequest, PayloadTooLarge, error_response
 
 
 def _too_large(limit: int) -> PayloadTooLarge:
@@ -28,3 +30,38 @@ async def read_body(request: Request, limit: int) -> bytes:
             raise _too_large(limit)
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+class BodyLimit:
+    """Holds the routes behind FastAPI (a session fork, ...) to the same body limit as the
+    API calls: a declared Content-Length over it is answered 413 at once; a body that
+    grows past it while the handler reads it raises PayloadTooLarge there, inside FastAPI's
+    exception handling, so it is a 413 in OpenAI's shape too."""
+
+    def __init__(self, app: ASGIApp, *, max_body_bytes: int) -> None:
+        self.app = app
+        self._limit = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = self._limit
+        declared = Headers(scope=scope).get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            request_id = scope.get("state", {}).get("request_id")
+            response = error_response(_too_large(limit), request_id=request_id)
+            await response(scope, receive, send)
+            return
+        received = 0
+
+        async def limited() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    raise _too_large(limit)
+            return message
+
+        await self.app(scope, limited, send)

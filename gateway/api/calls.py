@@ -17,6 +17,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.api.body import read_body
 from gateway.errors import GatewayError, MethodNotAllowed, error_response
+from gateway.keys.identity import access_of
 from gateway.pipeline import Pipeline, RequestContext
 from gateway.policy import Endpoint
 from gateway.responses.service import ResponsesService
@@ -52,9 +53,10 @@ class ApiCalls:
             request = Request(scope, receive)
             body = await read_body(request, self._limit)
             app_state = scope["app"].state
+            access = access_of(state)  # the caller's tenant (gateway/auth.py)
             if endpoint is None:
                 responses: ResponsesService = app_state.responses
-                response = await responses.create(body, record)
+                response = await responses.create(body, record, access)
             else:
                 pipeline: Pipeline = app_state.pipeline
                 headers = request.headers
@@ -64,6 +66,7 @@ class ApiCalls:
                     context_mode=headers.get("x-context-mode"),
                     task=headers.get("x-task") or None,
                     record=record,
+                    access=access,
                 )
                 response = await pipeline.handle(endpoint, body, context)
         except GatewayError as exc:

@@ -14,7 +14,8 @@ from starlette.responses import Response
 
 from gateway.dashboard import PAGE
 from gateway.errors import InvalidRequest, NotFound
-from gateway.sessions.keys import DEFAULT_TENANT, SessionRef, check_session_id
+from gateway.keys.identity import access_of
+from gateway.sessions.keys import SessionRef, check_session_id
 from gateway.sessions.store import StateUnavailable
 from gateway.telemetry.fleet_view import FleetView
 from gateway.telemetry.service import Telemetry
@@ -42,15 +43,18 @@ def build_observability_router() -> APIRouter:
                 "Usage is not kept here: `telemetry.usage.enabled` is off.", code="usage_disabled"
             )
         params = request.query_params
+        # Only the caller's tenant's usage: a `tenant` parameter is ignored when
+        # authentication is on (without it, everything is the `default` tenant anyway).
+        tenant = access_of(request.scope["state"]).name
         try:
             if session_id := params.get("session"):
-                ref = SessionRef(DEFAULT_TENANT, check_session_id(session_id, param="session"))
+                ref = SessionRef(tenant, check_session_id(session_id, param="session"))
                 counts = await book.session(ref)
                 if not counts:
                     raise NotFound(f"No usage for session `{session_id}`.", param="session")
                 return _json({"object": "session.usage", "session": session_id, **summary(counts)})
             start, end = _days(params.get("start"), params.get("end"))
-            rows = await book.read(params.get("tenant") or None, start, end)
+            rows = await book.read(tenant, start, end)
         except (RedisError, OSError) as exc:  # counts stay queued in memory meanwhile
             raise StateUnavailable(f"Usage cannot be read now: {exc}") from None
         return _json(usage_report(rows, start, end))

@@ -8,6 +8,7 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
+from gateway.keys.identity import access_of
 from gateway.responses.service import ResponsesService
 
 
@@ -20,12 +21,13 @@ def build_responses_router() -> APIRouter:
 
     @router.get("/v1/responses/{response_id}")
     async def retrieve(response_id: str, request: Request) -> Response:
-        body = await service(request).get(response_id)
+        body = await service(request).get(response_id, access_of(request.scope["state"]).name)
         return Response(orjson.dumps(body), media_type="application/json")
 
     @router.delete("/v1/responses/{response_id}")
     async def delete(response_id: str, request: Request) -> Response:
-        body = await service(request).delete(response_id)
+        tenant = access_of(request.scope["state"]).name
+        body = await service(request).delete(response_id, tenant)
         return Response(orjson.dumps(body), media_type="application/json")
 
     return router

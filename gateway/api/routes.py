@@ -11,6 +11,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway.errors import ModelNotFound
+from gateway.keys.identity import access_of
 from gateway.metrics import GatewayMetrics
 from gateway.replicas import Fleet
 from gateway.state_store import StateStore
@@ -34,12 +35,14 @@ def build_api_router(store: StateStore, metrics: GatewayMetrics) -> APIRouter:
 
     @router.get("/v1/models")
     async def list_models(request: Request) -> Response:
-        aliases = sorted(fleet_of(request).descriptions)
+        # Only the models the caller's tenant may use (all, without tenants).
+        aliases = access_of(request.scope["state"]).visible(fleet_of(request).descriptions)
         return _json({"object": "list", "data": [model_card(a) for a in aliases]})
 
     @router.get("/v1/models/{alias:path}")
     async def retrieve_model(alias: str, request: Request) -> Response:
-        if alias not in fleet_of(request).descriptions:
+        allowed = access_of(request.scope["state"]).allows(alias)
+        if not allowed or alias not in fleet_of(request).descriptions:
             raise ModelNotFound(f"The model `{alias}` does not exist.", param="model")
         return _json(model_card(alias))
 

@@ -13,8 +13,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway.errors import InvalidRequest, NotFound
+from gateway.inbound import json_object
+from gateway.keys.identity import access_of
 from gateway.sessions.checkpoints import Checkpoint, engine_request, history
-from gateway.sessions.keys import DEFAULT_TENANT, SessionRef, check_session_id
+from gateway.sessions.keys import SessionRef, check_session_id
 from gateway.sessions.store import CheckpointStore
 from gateway.sessions.turns import materialised_entities
 from gateway.trimming.conversation import tool_results
@@ -24,11 +26,13 @@ def _json(data: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(data), status_code=status, media_type="application/json")
 
 
-def _session(session_id: str) -> SessionRef:
-    return SessionRef(DEFAULT_TENANT, check_session_id(session_id, param="session_id"))
+def _session(session_id: str, request: Request) -> SessionRef:
+    """The caller's tenant's session: another tenant's id names nothing (404)."""
+    tenant = access_of(request.scope["state"]).name
+    return SessionRef(tenant, check_session_id(session_id, param="session_id"))
 
 
-def _summary(turn: int, checkpoint: Checkpoint) -> dict[str, Any]:
+def checkpoint_summary(turn: int, checkpoint: Checkpoint) -> dict[str, Any]:
     return {
         "turn": turn,
         "created_at": checkpoint.created_at,
@@ -64,14 +68,14 @@ def build_sessions_router() -> APIRouter:
 
     @router.get("/v1/sessions/{session_id}/checkpoints")
     async def list_checkpoints(session_id: str, request: Request) -> Response:
-        session = _session(session_id)
+        session = _session(session_id, request)
         checkpoints = await _load(store_of(request), session)
-        data = [_summary(i + 1, c) for i, c in enumerate(checkpoints)]
+        data = [checkpoint_summary(i + 1, c) for i, c in enumerate(checkpoints)]
         return _json({"object": "list", "session_id": session.id, "data": data})
 
     @router.get("/v1/sessions/{session_id}/checkpoints/{turn}")
     async def get_checkpoint(session_id: str, turn: str, request: Request) -> Response:
-        session = _session(session_id)
+        session = _session(session_id, request)
         store = store_of(request)
         checkpoints = await _load(store, session)
         if not turn.isdigit() or not 1 <= int(turn) <= len(checkpoints):
@@ -84,7 +88,7 @@ def build_sessions_router() -> APIRouter:
         body = {
             "object": "session.checkpoint",
             "session_id": session.id,
-            **_summary(number, checkpoint),
+            **checkpoint_summary(number, checkpoint),
             "client_messages": checkpoint.new_messages,
             "engine_request": engine_request(checkpoints, number, await store.blobs(session)),
             "reply": checkpoint.reply,
@@ -95,16 +99,11 @@ def build_sessions_router() -> APIRouter:
 
     @router.post("/v1/sessions/{session_id}/fork")
     async def fork(session_id: str, request: Request) -> Response:
-        source = _session(session_id)
+        source = _session(session_id, request)
         store = store_of(request)
         checkpoints = await _load(store, source)
         raw = await request.body()
-        try:
-            options = orjson.loads(raw) if raw.strip() else {}
-        except orjson.JSONDecodeError:
-            raise InvalidRequest("The body must be JSON.", code="invalid_json") from None
-        if not isinstance(options, dict):
-            raise InvalidRequest("The body must be a JSON object.", code="invalid_json")
+        options = json_object(raw) if raw.strip() else {}
         turns = _turn(options.get("turn", len(checkpoints)), len(checkpoints), param="turn")
         new_id = options.get("session_id") or f"{source.id}.fork-{uuid.uuid4().hex[:8]}"
         if not isinstance(new_id, str):
@@ -124,7 +123,7 @@ def build_sessions_router() -> APIRouter:
     @router.get("/v1/sessions/{session_id}/artifacts/{handle}")
     async def artifact(session_id: str, handle: str, request: Request) -> Response:
         """A tool result that compaction elided, whole (handles are `m<message index>`)."""
-        session = _session(session_id)
+        session = _session(session_id, request)
         messages = history(await _load(store_of(request), session))
         index = int(handle[1:]) if handle[:1] == "m" and handle[1:].isdigit() else -1
         results = tool_results(messages)
@@ -145,7 +144,7 @@ def build_sessions_router() -> APIRouter:
 
     @router.delete("/v1/sessions/{session_id}")
     async def delete(session_id: str, request: Request) -> Response:
-        session = _session(session_id)
+        session = _session(session_id, request)
         if not await store_of(request).delete(session):
             raise NotFound(f"No session `{session.id}` (or it expired).", code="session_not_found")
         return _json({"id": session.id, "object": "session.deleted", "deleted": True})

@@ -139,12 +139,46 @@ def _reference_problems(data: dict[str, Any], lines: _LineIndex) -> list[PolicyP
                 loc = ("tiering", str(route_name), "tiers", str(tier))
                 message = f"pool {pool!r} is not defined (expected one of: {defined})"
                 problems.append(PolicyProblem(_dotted(loc), message, lines.of(loc)))
+    problems += _tenant_problems(data, models, lines)
     for name, pool in pools.items():
         sources = ("replicas", "engine_state", "discover")
         if isinstance(pool, dict) and not any(pool.get(source) for source in sources):
             loc = ("pools", str(name))
             message = "a pool needs `replicas`, `engine_state`, `discover`, or a mix"
             problems.append(PolicyProblem(_dotted(loc), message, lines.of(loc)))
+    return problems
+
+
+def _tenant_problems(
+    data: dict[str, Any], models: dict[Any, Any], lines: _LineIndex
+) -> list[PolicyProblem]:
+    """A tenant allowed a model alias that is not defined; one key digest listed twice
+    (it could name only one tenant)."""
+    problems: list[PolicyProblem] = []
+    raw_tenants = data.get("tenants")
+    tenants: dict[Any, Any] = raw_tenants if isinstance(raw_tenants, dict) else {}
+    known = ", ".join(sorted(str(name) for name in models)) or "(no models defined)"
+    first_seen: dict[str, str] = {}
+    for name, tenant in tenants.items():
+        if not isinstance(tenant, dict):
+            continue
+        allowed = tenant.get("models")
+        for i, alias in enumerate(allowed if isinstance(allowed, list) else ()):
+            if isinstance(alias, str) and alias not in models:
+                loc: tuple[str | int, ...] = ("tenants", str(name), "models", i)
+                message = f"model {alias!r} is not defined (expected one of: {known})"
+                problems.append(PolicyProblem(_dotted(loc), message, lines.of(loc)))
+        keys = tenant.get("keys")
+        for i, key in enumerate(keys if isinstance(keys, list) else ()):
+            digest = key.get("sha256") if isinstance(key, dict) else None
+            if not isinstance(digest, str):
+                continue
+            loc = ("tenants", str(name), "keys", i, "sha256")
+            if digest in first_seen:
+                message = f"this key digest is already a key of {first_seen[digest]}"
+                problems.append(PolicyProblem(_dotted(loc), message, lines.of(loc)))
+            else:
+                first_seen[digest] = f"tenants.{name}"
     return problems
 
 
@@ -165,6 +199,8 @@ def _resolve_paths(policy: Policy, base_dir: Path) -> Policy:
     auth = policy.auth
     if auth.keys_file:
         auth = auth.model_copy(update={"keys_file": resolve(auth.keys_file)})
+    if auth.admin_keys_file:
+        auth = auth.model_copy(update={"admin_keys_file": resolve(auth.admin_keys_file)})
     telemetry = policy.telemetry
     if telemetry.request_log:
         telemetry = telemetry.model_copy(update={"request_log": resolve(telemetry.request_log)})

@@ -27,6 +27,8 @@ RESTART_ONLY: dict[str, str] = {
     "assembled once",
     "auth": "the API-key check is part of the ASGI stack, on or off, from the start; the "
     "keys file has its own watcher (gateway/auth.py): rotate keys in that file",
+    "tenants": "tenants' static keys and settings are built into the API-key check once; "
+    "keys created at run time (`gateway keys create`, POST /admin/keys) need no restart",
     "state": "the state store's connection (or embedded Redis) is opened once, and sessions, "
     "usage and stored responses live in it: switching stores would strand them",
     "telemetry": "the trace exporter, the request log and the usage ledger (which keeps the "

@@ -53,7 +53,38 @@ class ServerSpec(Strict):
 
 
 class LimitsSpec(Strict):
+    """Input hardening: ceilings set far above what a working agent sends, so that a
+    runaway or hostile client gets a 400 naming the field instead of costing memory,
+    recursion or an engine's time (checked once while parsing: gateway/inbound.py)."""
+
     max_body_bytes: int = Field(8 * 1024 * 1024, gt=0, description="Larger request bodies get 413.")
+    max_messages: int = Field(
+        2048,
+        ge=1,
+        description="Most `messages` in a chat request (input items of a Responses request); "
+        "more get 400 array_above_max_length.",
+    )
+    max_tools: int = Field(
+        256,
+        ge=1,
+        description="Most `tools` in one request; more get 400 array_above_max_length.",
+    )
+    # At most 128: the gateway re-serialises bodies with orjson, which stops at 255 levels.
+    max_json_depth: int = Field(
+        64,
+        ge=8,
+        le=128,
+        description="Deepest nesting of arrays and objects in a request body (the body "
+        "itself is level 1; a tool's parameter schema starts at level 5); deeper gets 400 "
+        "json_too_deep.",
+    )
+    max_tokens: int = Field(
+        131_072,
+        ge=1,
+        description="Highest `max_tokens` / `max_completion_tokens` (`max_output_tokens` "
+        "in the Responses API) a request may ask for; higher gets 400 max_tokens_too_large. "
+        "The engine still enforces its own context length below this.",
+    )
 
 
 class TimeoutsSpec(Strict):
@@ -313,17 +344,71 @@ class PoolSpec(Strict):
     )
 
 
+# A tenant's name is a Redis key part and a metric label: no `/`, `:` or braces.
+TenantName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=64)]
+# A key is kept only as the lowercase hex SHA-256 of its text (`printf %s KEY | sha256sum`).
+KeyDigest = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+KeyRole = Literal["user", "approver"]
+
+
+class StaticKeySpec(Strict):
+    """A tenant's key written into the policy, hashed (never the key itself)."""
+
+    sha256: KeyDigest = Field(description="Lowercase hex SHA-256 of the key's text.")
+    name: str = Field("", max_length=128, description="A label for people (who holds it).")
+    roles: tuple[KeyRole, ...] = Field(
+        ("user",), description="`user` calls /v1; `approver` may also decide approvals."
+    )
+
+
+class AdminKeySpec(Strict):
+    sha256: KeyDigest = Field(description="Lowercase hex SHA-256 of the admin key's text.")
+    name: str = Field("", max_length=128)
+
+
+class TenantSpec(Strict):
+    """One tenant: its keys and what it may do (gateway/keys/)."""
+
+    keys: tuple[StaticKeySpec, ...] = Field((), description="Static keys, hashed.")
+    models: tuple[Name, ...] | None = Field(
+        None,
+        description="The model aliases this tenant may use (and sees in /v1/models); any "
+        "other is 404 model_not_found, as for a model that does not exist. Unset: all.",
+    )
+    capture_content: bool = Field(
+        False,
+        description="Prompts and answers of this tenant's requests go on sampled spans "
+        "(with `telemetry.traces.capture_content` on); off: never captured.",
+    )
+
+
 class AuthSpec(Strict):
-    """Who may call the API: keys from a file (a Kubernetes Secret), see gateway/auth.py."""
+    """Who may call the API (gateway/auth.py, gateway/keys/): keys of the `default` tenant
+    from a file (a Kubernetes Secret), tenants' keys in `tenants`, keys created at run time
+    in Redis, and separate admin keys for /admin."""
 
     keys_file: str = Field(
         "",
-        description="File of API keys, one per line (blank lines and # comments ignored); "
-        "when set, every /v1 request needs `Authorization: Bearer <key>` and a file with "
-        "no keys refuses them all. Empty: no authentication.",
+        description="File of API keys of the `default` tenant, one per line (blank lines and "
+        "# comments ignored); a file with no keys refuses them all. Authentication is on "
+        "when this or `tenants` is set: every /v1 request then needs "
+        "`Authorization: Bearer <key>`. Neither: no authentication (all `default`).",
     )
     check_interval_s: float = Field(
-        2.0, gt=0, description="How often the file is checked for changes (key rotation)."
+        2.0, gt=0, description="How often the key files are checked for changes (rotation)."
+    )
+    admin_keys_file: str = Field(
+        "",
+        description="File of admin keys (same format) for /admin/*; admin keys are not "
+        "valid on /v1. Neither this nor `admin_keys`: /admin answers 401 to everyone.",
+    )
+    admin_keys: tuple[AdminKeySpec, ...] = Field((), description="Admin keys, hashed.")
+    key_cache_ttl_s: float = Field(
+        5.0,
+        ge=0,
+        le=300,
+        description="How long a key created at run time (in Redis) is remembered in "
+        "process, found or not: a revoked key stops working within this time.",
     )
 
 
@@ -370,4 +455,9 @@ class Policy(Strict):
     models: dict[Name, ModelSpec] = Field(min_length=1)
     tiering: dict[Name, TieringSpec] = Field(
         default_factory=dict, description="Tier choice for routable model aliases, by name."
+    )
+    tenants: dict[TenantName, TenantSpec] = Field(
+        default_factory=dict,
+        description="Tenants by name: their keys and settings. Keys of `auth.keys_file` "
+        "belong to the tenant `default` (which may be listed here for its settings).",
     )

@@ -34,20 +34,21 @@ def cache_key(body: dict[str, Any]) -> str | None:
 
 
 class ResponseCache(Protocol):
-    async def get(self, key: str) -> bytes | None: ...
+    """Answers are kept per tenant: one tenant never gets another's kept answer."""
 
-    async def put(self, key: str, payload: bytes) -> None: ...
+    async def get(self, key: str, *, tenant: str = DEFAULT_TENANT) -> bytes | None: ...
+
+    async def put(self, key: str, payload: bytes, *, tenant: str = DEFAULT_TENANT) -> None: ...
 
 
 class RedisResponseCache:
-    def __init__(self, redis: RedisClient, *, ttl_s: int, tenant: str = DEFAULT_TENANT) -> None:
+    def __init__(self, redis: RedisClient, *, ttl_s: int) -> None:
         self._redis = redis
         self._ttl_s = ttl_s
-        self._tenant = tenant
 
-    async def get(self, key: str) -> bytes | None:
+    async def get(self, key: str, *, tenant: str = DEFAULT_TENANT) -> bytes | None:
         try:
-            value = await self._redis.get(answer_key(self._tenant, key))
+            value = await self._redis.get(answer_key(tenant, key))
         except (aioredis.RedisError, OSError) as exc:
             log.warning("response cache not read: %s", exc)
             return None
@@ -55,9 +56,9 @@ class RedisResponseCache:
             return None
         return value if isinstance(value, bytes) else str(value).encode()
 
-    async def put(self, key: str, payload: bytes) -> None:
+    async def put(self, key: str, payload: bytes, *, tenant: str = DEFAULT_TENANT) -> None:
         try:
-            await self._redis.set(answer_key(self._tenant, key), payload, ex=self._ttl_s)
+            await self._redis.set(answer_key(tenant, key), payload, ex=self._ttl_s)
         except (aioredis.RedisError, OSError) as exc:
             log.warning("response cache not written: %s", exc)
 
@@ -66,10 +67,10 @@ class MemoryResponseCache:
     """In-memory twin for unit tests."""
 
     def __init__(self) -> None:
-        self.answers: dict[str, bytes] = {}
+        self.answers: dict[str, bytes] = {}  # by key ("tenant/key" for other tenants)
 
-    async def get(self, key: str) -> bytes | None:
-        return self.answers.get(key)
+    async def get(self, key: str, *, tenant: str = DEFAULT_TENANT) -> bytes | None:
+        return self.answers.get(key if tenant == DEFAULT_TENANT else f"{tenant}/{key}")
 
-    async def put(self, key: str, payload: bytes) -> None:
-        self.answers[key] = payload
+    async def put(self, key: str, payload: bytes, *, tenant: str = DEFAULT_TENANT) -> None:
+        self.answers[key if tenant == DEFAULT_TENANT else f"{tenant}/{key}"] = payload

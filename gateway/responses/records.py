@@ -17,33 +17,40 @@ from gateway.sessions.store import StateUnavailable
 
 
 class ResponseRecords(Protocol):
-    async def put(self, response_id: str, record: dict[str, Any]) -> None: ...
+    """Records are the tenant's: another tenant's id finds nothing."""
 
-    async def get(self, response_id: str) -> dict[str, Any] | None: ...
+    async def put(
+        self, response_id: str, record: dict[str, Any], *, tenant: str = DEFAULT_TENANT
+    ) -> None: ...
 
-    async def delete(self, response_id: str) -> bool: ...
+    async def get(
+        self, response_id: str, *, tenant: str = DEFAULT_TENANT
+    ) -> dict[str, Any] | None: ...
+
+    async def delete(self, response_id: str, *, tenant: str = DEFAULT_TENANT) -> bool: ...
 
 
 class RedisResponseRecords:
     """One key per response, tagged by the response id: `GET /v1/responses/{id}` knows
     only the id, so a record cannot share its session's slot."""
 
-    def __init__(self, redis: RedisClient, *, ttl_s: int, tenant: str = DEFAULT_TENANT) -> None:
+    def __init__(self, redis: RedisClient, *, ttl_s: int) -> None:
         self._redis = redis
         self._ttl_s = ttl_s
-        self._tenant = tenant
 
-    async def put(self, response_id: str, record: dict[str, Any]) -> None:
+    async def put(
+        self, response_id: str, record: dict[str, Any], *, tenant: str = DEFAULT_TENANT
+    ) -> None:
         try:
             await self._redis.set(
-                response_key(self._tenant, response_id), orjson.dumps(record), ex=self._ttl_s
+                response_key(tenant, response_id), orjson.dumps(record), ex=self._ttl_s
             )
         except (aioredis.RedisError, OSError) as exc:
             raise StateUnavailable(f"The response store is unreachable ({exc}).") from None
 
-    async def get(self, response_id: str) -> dict[str, Any] | None:
+    async def get(self, response_id: str, *, tenant: str = DEFAULT_TENANT) -> dict[str, Any] | None:
         try:
-            raw = await self._redis.get(response_key(self._tenant, response_id))
+            raw = await self._redis.get(response_key(tenant, response_id))
         except (aioredis.RedisError, OSError) as exc:
             raise StateUnavailable(f"The response store is unreachable ({exc}).") from None
         if raw is None:
@@ -51,9 +58,9 @@ class RedisResponseRecords:
         record: dict[str, Any] = orjson.loads(raw)
         return record
 
-    async def delete(self, response_id: str) -> bool:
+    async def delete(self, response_id: str, *, tenant: str = DEFAULT_TENANT) -> bool:
         try:
-            return bool(await self._redis.delete(response_key(self._tenant, response_id)))
+            return bool(await self._redis.delete(response_key(tenant, response_id)))
         except (aioredis.RedisError, OSError) as exc:
             raise StateUnavailable(f"The response store is unreachable ({exc}).") from None
 
@@ -62,13 +69,15 @@ class MemoryResponseRecords:
     """In-memory twin for unit tests."""
 
     def __init__(self) -> None:
-        self.records: dict[str, dict[str, Any]] = {}
+        self.records: dict[tuple[str, str], dict[str, Any]] = {}
 
-    async def put(self, response_id: str, record: dict[str, Any]) -> None:
-        self.records[response_id] = record
+    async def put(
+        self, response_id: str, record: dict[str, Any], *, tenant: str = DEFAULT_TENANT
+    ) -> None:
+        self.records[tenant, response_id] = record
 
-    async def get(self, response_id: str) -> dict[str, Any] | None:
-        return self.records.get(response_id)
+    async def get(self, response_id: str, *, tenant: str = DEFAULT_TENANT) -> dict[str, Any] | None:
+        return self.records.get((tenant, response_id))
 
-    async def delete(self, response_id: str) -> bool:
-        return self.records.pop(response_id, None) is not None
+    async def delete(self, response_id: str, *, tenant: str = DEFAULT_TENANT) -> bool:
+        return self.records.pop((tenant, response_id), None) is not None

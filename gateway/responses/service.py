@@ -20,9 +20,11 @@ import orjson
 from starlette.responses import Response, StreamingResponse
 
 from gateway.errors import InvalidRequest, NotFound
-from gateway.inbound import json_object
+from gateway.inbound import check_array_length, check_depth, check_max_tokens, json_object
+from gateway.keys.identity import OPEN_ACCESS, TenantAccess
 from gateway.pipeline import Pipeline, RequestContext
 from gateway.policy import Endpoint
+from gateway.policy.schema import LimitsSpec
 from gateway.responses.convert import (
     chat_body,
     input_messages,
@@ -40,18 +42,29 @@ from gateway.telemetry.record import RequestRecord
 
 class ResponsesService:
     def __init__(
-        self, pipeline: Pipeline, checkpoints: CheckpointStore, records: ResponseRecords
+        self,
+        pipeline: Pipeline,
+        checkpoints: CheckpointStore,
+        records: ResponseRecords,
+        *,
+        limits: LimitsSpec | None = None,
     ) -> None:
         self._pipeline = pipeline
         self._checkpoints = checkpoints
         self._records = records
+        self._limits = limits or LimitsSpec()
 
-    async def create(self, raw: bytes, record: RequestRecord) -> Response:
-        request = _parse(raw)
+    async def create(
+        self, raw: bytes, record: RequestRecord, access: TenantAccess = OPEN_ACCESS
+    ) -> Response:
+        """`access`: the caller's tenant; its responses and sessions are the only ones it
+        can continue (another tenant's `previous_response_id` is 404)."""
+        tenant = access.name
+        request = _parse(raw, self._limits)
         response_id = f"resp_{uuid.uuid4().hex}"
         created_at = int(time.time())
         store = request.get("store", True) is not False
-        session, past = await self._continue_from(request.get("previous_response_id"))
+        session, past = await self._continue_from(request.get("previous_response_id"), tenant)
         instructions = request.get("instructions")
         if instructions is not None and not isinstance(instructions, str):
             raise InvalidRequest("`instructions` must be a string.", param="instructions")
@@ -63,8 +76,9 @@ class ResponsesService:
         body = chat_body(request, messages, stream)
         context = RequestContext(
             request_id=response_id,
-            session=(session or _new_session(response_id)) if store else None,
+            session=(session or SessionRef(tenant, response_id)) if store else None,
             record=record,
+            access=access,
         )
         reply = await self._pipeline.handle(Endpoint.chat, orjson.dumps(body), context)
         record_base = {
@@ -75,7 +89,8 @@ class ResponsesService:
 
         async def keep(response: dict[str, Any]) -> None:
             if store:
-                await self._records.put(response_id, {**record_base, "response": response})
+                kept = {**record_base, "response": response}
+                await self._records.put(response_id, kept, tenant=tenant)
 
         if isinstance(reply, StreamingResponse):  # relayed, or replayed after checks
             events = ResponseEvents(response_id, request, created_at, keep)
@@ -96,29 +111,31 @@ class ResponsesService:
         headers = {k: v for k, v in reply.headers.items() if k.lower().startswith("x-gateway")}
         return Response(orjson.dumps(response), media_type="application/json", headers=headers)
 
-    async def get(self, response_id: str) -> dict[str, Any]:
-        record = await self._records.get(response_id)
+    async def get(self, response_id: str, tenant: str = DEFAULT_TENANT) -> dict[str, Any]:
+        record = await self._records.get(response_id, tenant=tenant)
         if record is None:
             raise _not_found(response_id, "response_id")
         response: dict[str, Any] = record["response"]
         return response
 
-    async def delete(self, response_id: str) -> dict[str, Any]:
-        if not await self._records.delete(response_id):
+    async def delete(self, response_id: str, tenant: str = DEFAULT_TENANT) -> dict[str, Any]:
+        if not await self._records.delete(response_id, tenant=tenant):
             raise _not_found(response_id, "response_id")
         return {"id": response_id, "object": "response", "deleted": True}
 
-    async def _continue_from(self, previous: Any) -> tuple[SessionRef | None, list[Message]]:
+    async def _continue_from(
+        self, previous: Any, tenant: str
+    ) -> tuple[SessionRef | None, list[Message]]:
         if previous is None:
             return None, []
         if not isinstance(previous, str):
             raise InvalidRequest(
                 "`previous_response_id` must be a string.", param="previous_response_id"
             )
-        record = await self._records.get(previous)
+        record = await self._records.get(previous, tenant=tenant)
         if record is None or not record.get("session"):
             raise _not_found(previous, "previous_response_id")
-        session = SessionRef(DEFAULT_TENANT, record["session"])
+        session = SessionRef(tenant, record["session"])
         checkpoints = await self._checkpoints.load(session)
         turn = next(
             (i + 1 for i, c in enumerate(checkpoints) if c.request_id == record["request_id"]),
@@ -136,17 +153,16 @@ class ResponsesService:
         return session, past
 
 
-def _new_session(response_id: str) -> SessionRef:
-    return SessionRef(DEFAULT_TENANT, response_id)
-
-
 def _not_found(response_id: str, param: str) -> NotFound:
     return NotFound(
         f"Response with id '{response_id}' not found.", param=param, code="response_not_found"
     )
 
 
-def _parse(raw: bytes) -> dict[str, Any]:
+def _parse(raw: bytes, limits: LimitsSpec) -> dict[str, Any]:
+    """The client's own request, held to the policy's limits under the Responses API's
+    names (the chat request it becomes also carries the session's history, which the
+    pipeline's check counts too)."""
     request = json_object(raw)
     for name in ("model", "input"):
         if request.get(name) is None:
@@ -157,4 +173,20 @@ def _parse(raw: bytes) -> dict[str, Any]:
             )
     if not isinstance(request["model"], str):
         raise InvalidRequest("`model` must be a string.", param="model")
+    text = request.get("text")
+    if text is not None and not (isinstance(text, dict) and _object_or_none(text.get("format"))):
+        raise InvalidRequest(
+            "`text` must be an object whose `format` is an object.",
+            param="text",
+            code="invalid_type",
+        )
+    for name, limit in (("input", limits.max_messages), ("tools", limits.max_tools)):
+        if isinstance(request.get(name), list):
+            check_array_length(request[name], limit, name)
+    check_depth(request, limits.max_json_depth, walk="input")
+    check_max_tokens(request, ("max_output_tokens",), limits.max_tokens)
     return request
+
+
+def _object_or_none(value: Any) -> bool:
+    return value is None or isinstance(value, dict)

@@ -14,12 +14,14 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from gateway.replicas import Replica
+from gateway.sessions.keys import DEFAULT_TENANT
 
 
 @dataclass(frozen=True)
 class RouteRequest:
     blocks: tuple[int, ...]  # chained prefix block hashes (routing/blocks.py)
     session: str | None = None
+    tenant: str = DEFAULT_TENANT  # whose session: what is remembered about it is per tenant
 
 
 class Candidate(NamedTuple):

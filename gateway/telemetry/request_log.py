@@ -17,6 +17,7 @@ from typing import Any
 
 import orjson
 
+from gateway.redaction import redact
 from gateway.telemetry.record import RequestRecord
 
 
@@ -44,11 +45,17 @@ def _ms(ns: int) -> float:
     return round(ns / 1e6, 3)
 
 
+def _redacted(text: str | None) -> str | None:
+    return None if text is None else redact(text)
+
+
 def log_entry(record: RequestRecord) -> dict[str, Any]:
     result = record.result
     return {
         "ts": round(record.wall_start_ns / 1e9, 3),
-        "request_id": record.request_id,
+        # The two strings a client chooses (X-Request-Id, the session key): a key sent
+        # there by mistake is not written down (gateway/redaction.py).
+        "request_id": redact(record.request_id),
         "trace_id": record.trace.trace_id_hex,
         "tenant": record.tenant,
         "operation": record.operation,
@@ -60,7 +67,7 @@ def log_entry(record: RequestRecord) -> dict[str, Any]:
         "status": record.status,
         "error": record.error_type,
         "stream": record.stream,
-        "session": record.route_session or record.session,
+        "session": _redacted(record.route_session or record.session),
         "blocks": record.blocks,
         "cached_blocks": record.cached_blocks,
         "prompt_tokens": result.prompt_tokens,

@@ -21,6 +21,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from gateway.policy.telemetry import TracesSpec
+from gateway.redaction import redact
 from gateway.telemetry import names
 from gateway.telemetry.record import RequestRecord
 
@@ -137,7 +138,7 @@ class SpanWriter:
             names.HTTP_REQUEST_METHOD: record.method,
             names.HTTP_ROUTE: record.route,
             names.HTTP_RESPONSE_STATUS_CODE: record.status,
-            names.REQUEST_ID: record.request_id,
+            names.REQUEST_ID: redact(record.request_id),  # the client may choose it
             names.TENANT: record.tenant,
             names.STREAM: record.stream,
             names.RETRIES: record.retries,
@@ -152,7 +153,7 @@ class SpanWriter:
             names.GEN_AI_USAGE_INPUT_TOKENS: result.prompt_tokens,
             names.GEN_AI_USAGE_OUTPUT_TOKENS: result.completion_tokens,
             names.GEN_AI_USAGE_CACHED_INPUT_TOKENS: result.cached_tokens,
-            names.GEN_AI_CONVERSATION_ID: record.session,
+            names.GEN_AI_CONVERSATION_ID: record.session and redact(record.session),
             names.TIER: record.tier,
             names.TIER_DECIDED_BY: record.tier_by,
             names.TIER_REASON: record.tier_reason,
@@ -173,11 +174,13 @@ class SpanWriter:
         if record.trimmed_tokens or record.trim_fell_back:
             attributes[names.TRIMMED_TOKENS] = record.trimmed_tokens
             attributes[names.TRIM_FELL_BACK] = record.trim_fell_back
-        if self._capture:
+        # record.capture: off for a tenant that did not opt in (gateway/auth.py).
+        # Redacted: a key pasted into a prompt does not reach the trace store.
+        if self._capture and record.capture:
             if record.input_messages is not None:
-                attributes[names.GEN_AI_INPUT_MESSAGES] = _json(record.input_messages)
+                attributes[names.GEN_AI_INPUT_MESSAGES] = redact(_json(record.input_messages))
             if result.reply is not None:
-                attributes[names.GEN_AI_OUTPUT_MESSAGES] = _json([result.reply])
+                attributes[names.GEN_AI_OUTPUT_MESSAGES] = redact(_json([result.reply]))
         return attributes
 
     def _context(self, trace_id: int, span_id: int) -> SpanContext:

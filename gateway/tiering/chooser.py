@@ -169,11 +169,12 @@ class TierChooser:
             return rule.tier, f"rule:{rule.name}", "rule"
         if checks is not None and spec.cascade.enabled and len(spec.tiers) > 1:
             return spec.lowest, f"cascade: verifiable ({', '.join(checks.names)})", "cascade"
-        session = route_request.session
+        session, tenant = route_request.session, route_request.tenant
         if route.scorer is None or spec.learned is None:
             tier = spec.default_tier or spec.highest
             if session is not None:
-                await self._memory.put(route.name, session, tier, spec.stickiness.ttl_s)
+                ttl_s = spec.stickiness.ttl_s
+                await self._memory.put(route.name, session, tier, ttl_s, tenant=tenant)
             return tier, "default tier", "default"
         threshold = spec.learned.threshold
         score = route.scorer.score(facts.last_user)
@@ -183,7 +184,7 @@ class TierChooser:
         if session is None:
             return wanted, reason, "router"
         ttl_s = spec.stickiness.ttl_s
-        current = await self._memory.get(route.name, session)
+        current = await self._memory.get(route.name, session, tenant=tenant)
         if current is not None and current != wanted and current in route.pools:
             margin = self._switch_margin(route, current, route_request)
             needed = threshold + margin if wanted == spec.lowest else threshold - margin
@@ -194,9 +195,10 @@ class TierChooser:
                     f"session: stays on {current} (score {score:.3f}; moving to {wanted} "
                     f"needs {sign} {needed:.3f})"
                 )
-                await self._memory.put(route.name, session, current, ttl_s)  # refreshes its TTL
+                # refreshes its TTL
+                await self._memory.put(route.name, session, current, ttl_s, tenant=tenant)
                 return current, reason, "session"
-        await self._memory.put(route.name, session, wanted, ttl_s)
+        await self._memory.put(route.name, session, wanted, ttl_s, tenant=tenant)
         return wanted, reason, "router"
 
     def _switch_margin(self, route: _Route, current: str, route_request: RouteRequest) -> float:

@@ -21,21 +21,24 @@ log = logging.getLogger(__name__)
 class SessionTiers(Protocol):
     """A session's tier under each `tiering` entry (route) it was routed by."""
 
-    async def get(self, route: str, session: str) -> str | None: ...
+    async def get(
+        self, route: str, session: str, *, tenant: str = DEFAULT_TENANT
+    ) -> str | None: ...
 
-    async def put(self, route: str, session: str, tier: str, ttl_s: int) -> None: ...
+    async def put(
+        self, route: str, session: str, tier: str, ttl_s: int, *, tenant: str = DEFAULT_TENANT
+    ) -> None: ...
 
 
 class RedisSessionTiers:
     """One key per (session, route), beside the session's checkpoints (same hash tag)."""
 
-    def __init__(self, redis: RedisClient, *, tenant: str = DEFAULT_TENANT) -> None:
+    def __init__(self, redis: RedisClient) -> None:
         self._redis = redis
-        self._tenant = tenant
 
-    async def get(self, route: str, session: str) -> str | None:
+    async def get(self, route: str, session: str, *, tenant: str = DEFAULT_TENANT) -> str | None:
         try:
-            value = await self._redis.get(session_tier_key(self._tenant, session, route))
+            value = await self._redis.get(session_tier_key(tenant, session, route))
         except (aioredis.RedisError, OSError) as exc:
             log.warning("session tier not read: %s", exc)
             return None
@@ -43,9 +46,11 @@ class RedisSessionTiers:
             return None
         return value.decode() if isinstance(value, bytes) else str(value)
 
-    async def put(self, route: str, session: str, tier: str, ttl_s: int) -> None:
+    async def put(
+        self, route: str, session: str, tier: str, ttl_s: int, *, tenant: str = DEFAULT_TENANT
+    ) -> None:
         try:
-            await self._redis.set(session_tier_key(self._tenant, session, route), tier, ex=ttl_s)
+            await self._redis.set(session_tier_key(tenant, session, route), tier, ex=ttl_s)
         except (aioredis.RedisError, OSError) as exc:
             log.warning("session tier not stored: %s", exc)
 
@@ -54,10 +59,16 @@ class MemorySessionTiers:
     """In-memory twin for unit tests."""
 
     def __init__(self) -> None:
-        self.tiers: dict[str, str] = {}  # by "route:session"
+        self.tiers: dict[str, str] = {}  # by "route:session" ("tenant/route:session")
 
-    async def get(self, route: str, session: str) -> str | None:
-        return self.tiers.get(f"{route}:{session}")
+    async def get(self, route: str, session: str, *, tenant: str = DEFAULT_TENANT) -> str | None:
+        return self.tiers.get(_memory_key(tenant, route, session))
 
-    async def put(self, route: str, session: str, tier: str, ttl_s: int) -> None:
-        self.tiers[f"{route}:{session}"] = tier
+    async def put(
+        self, route: str, session: str, tier: str, ttl_s: int, *, tenant: str = DEFAULT_TENANT
+    ) -> None:
+        self.tiers[_memory_key(tenant, route, session)] = tier
+
+
+def _memory_key(tenant: str, route: str, session: str) -> str:
+    return f"{route}:{session}" if tenant == DEFAULT_TENANT else f"{tenant}/{route}:{session}"

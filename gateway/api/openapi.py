@@ -1,0 +1,620 @@
+"""The gateway's own OpenAPI 3.2 document, served at `GET /openapi.json` (3.2: it
+describes server-sent event streams, `itemSchema`).
+
+FastAPI's generated schema is off (`openapi_url=None` in gateway/app.py): the API calls
+agents make are answered in plain ASGI ahead of FastAPI (gateway/api/calls.py), so it would
+describe neither them nor the OpenAI-shaped error every route answers with. This document is
+written by hand for what the gateway itself promises: every route, its parameters, the
+statuses it answers with and the shape of its answers. Fields the engine owns are left open
+(its answer passes through); request bodies follow OpenAI's published schemas in the
+fields the gateway reads, and accept every other field (it is passed to the engine).
+
+tests/unit/test_fuzz_openapi.py fuzzes the app against this document with schemathesis and
+checks that every route the app serves is described here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+from starlette.responses import JSONResponse
+
+_JSON = "application/json"
+_SSE = "text/event-stream"
+
+
+def _ref(name: str) -> dict[str, Any]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _json_body(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"content": {_JSON: {"schema": schema}}}
+
+
+def _errors(*statuses: int) -> dict[str, Any]:
+    reasons = {
+        400: "The request is malformed or over a policy limit (`error.param` names the field).",
+        401: "No valid API key (when the policy sets `auth.keys_file`).",
+        404: "Unknown model, session, response or route.",
+        413: "The body is larger than `limits.max_body_bytes`.",
+        422: "The engine refused the request (its own 4xx is passed on).",
+        429: "Every replica is at capacity; `Retry-After` says when to try again.",
+        502: "The engine failed or its answer failed the request's checks.",
+        503: "No healthy replica, or the state store is unreachable.",
+        504: "The engine did not answer in time.",
+    }
+    return {
+        str(status): {"description": reasons[status], **_json_body(_ref("Error"))}
+        for status in statuses
+    }
+
+
+_SESSION_PATTERN = "^[A-Za-z0-9._:@/+=-]{1,200}$"
+_MAX_TOKENS = {
+    "type": ["integer", "null"],
+    "minimum": 1,
+    "maximum": 131_072,
+    "description": "At most `limits.max_tokens` (131072 by default, shown here).",
+}
+_CALL_ERRORS = (400, 401, 404, 413, 422, 429, 502, 503, 504)
+_READ_ERRORS = (400, 401, 404, 503)
+
+_SESSION_HEADERS: list[dict[str, Any]] = [
+    {
+        "name": "X-Session-Id",
+        "in": "header",
+        "required": False,
+        "description": "Names the session whose turns the gateway checkpoints.",
+        "schema": {"type": "string", "pattern": _SESSION_PATTERN},
+    },
+    {
+        "name": "X-Context-Mode",
+        "in": "header",
+        "required": False,
+        "description": "`delta`: the body holds only the new messages of a session.",
+        "schema": {"type": "string", "enum": ["full", "delta"]},
+    },
+    {
+        "name": "X-Task",
+        "in": "header",
+        "required": False,
+        "description": "A label the policy's tier rules can match.",
+        "schema": {"type": "string"},
+    },
+]
+
+
+def _path_id(name: str, description: str, pattern: str | None = None) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "string"}
+    if pattern is not None:
+        schema["pattern"] = pattern
+    return {
+        "name": name,
+        "in": "path",
+        "required": True,
+        "description": description,
+        "schema": schema,
+    }
+
+
+_SESSION_ID = _path_id(
+    "session_id", "1-200 characters of letters, digits and . _ : @ / + = -.", _SESSION_PATTERN
+)
+
+_SCHEMAS: dict[str, Any] = {
+    "Error": {
+        "type": "object",
+        "required": ["error"],
+        "properties": {
+            "error": {
+                "type": "object",
+                "required": ["message", "type", "param", "code"],
+                "properties": {
+                    "message": {"type": "string"},
+                    "type": {"type": "string"},
+                    "param": {"type": ["string", "null"]},
+                    "code": {"type": ["string", "null"]},
+                },
+            }
+        },
+    },
+    "ChatMessage": {
+        "oneOf": [
+            {
+                "type": "object",
+                "required": ["role", "content"],
+                "properties": {
+                    "role": {"enum": ["system", "developer", "user"]},
+                    "content": {"type": "string"},
+                    "name": {"type": "string"},
+                },
+            },
+            {
+                "type": "object",
+                "required": ["role"],
+                "properties": {
+                    "role": {"const": "assistant"},
+                    "content": {"type": ["string", "null"]},
+                    "tool_calls": {"type": "array", "items": _ref("ToolCall")},
+                },
+            },
+            {
+                "type": "object",
+                "required": ["role", "content", "tool_call_id"],
+                "properties": {
+                    "role": {"const": "tool"},
+                    "content": {"type": "string"},
+                    "tool_call_id": {"type": "string"},
+                },
+            },
+        ]
+    },
+    "ToolCall": {
+        "type": "object",
+        "required": ["id", "type", "function"],
+        "properties": {
+            "id": {"type": "string"},
+            "type": {"const": "function"},
+            "function": {
+                "type": "object",
+                "required": ["name", "arguments"],
+                "properties": {"name": {"type": "string"}, "arguments": {"type": "string"}},
+            },
+        },
+    },
+    "Tool": {
+        "type": "object",
+        "required": ["type", "function"],
+        "properties": {
+            "type": {"const": "function"},
+            "function": {
+                "type": "object",
+                "required": ["name"],
+                "properties": {
+                    "name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"},
+                    "description": {"type": "string"},
+                    "parameters": {"type": "object"},
+                    "strict": {"type": "boolean"},
+                },
+            },
+        },
+    },
+    "ChatCompletionRequest": {
+        "type": "object",
+        "description": "OpenAI's chat completion request; fields not listed pass to the engine.",
+        "required": ["model", "messages"],
+        "properties": {
+            "model": {"type": "string", "minLength": 1},
+            "messages": {
+                "type": "array",
+                "minItems": 1,
+                "description": "At most `limits.max_messages` (2048 by default).",
+                "items": _ref("ChatMessage"),
+            },
+            "tools": {
+                "type": "array",
+                "description": "At most `limits.max_tools` (256 by default).",
+                "items": _ref("Tool"),
+            },
+            "tool_choice": {"anyOf": [{"enum": ["none", "auto", "required"]}, {"type": "object"}]},
+            "stream": {"type": ["boolean", "null"]},
+            "stream_options": {
+                "type": ["object", "null"],
+                "properties": {"include_usage": {"type": "boolean"}},
+            },
+            "max_tokens": _MAX_TOKENS,
+            "max_completion_tokens": _MAX_TOKENS,
+            "temperature": {"type": ["number", "null"], "minimum": 0, "maximum": 2},
+            "top_p": {"type": ["number", "null"], "minimum": 0, "maximum": 1},
+            "n": {"type": ["integer", "null"], "minimum": 1, "maximum": 1},
+            "seed": {"type": ["integer", "null"]},
+            "user": {"type": "string"},
+            "metadata": {"type": ["object", "null"], "additionalProperties": {"type": "string"}},
+            "response_format": {"type": "object"},
+        },
+    },
+    "ChatCompletion": {
+        "type": "object",
+        "required": ["id", "object", "choices"],
+        "properties": {
+            "id": {"type": "string"},
+            "object": {"const": "chat.completion"},
+            "created": {"type": "integer"},
+            "model": {"type": "string"},
+            "choices": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["index", "message"],
+                    "properties": {
+                        "index": {"type": "integer"},
+                        "message": {"type": "object"},
+                        "finish_reason": {"type": ["string", "null"]},
+                    },
+                },
+            },
+            "usage": _ref("Usage"),
+        },
+    },
+    "Usage": {
+        "type": "object",
+        "properties": {
+            "prompt_tokens": {"type": "integer"},
+            "completion_tokens": {"type": "integer"},
+            "total_tokens": {"type": "integer"},
+        },
+    },
+    "CompletionRequest": {
+        "type": "object",
+        "required": ["model", "prompt"],
+        "properties": {
+            "model": {"type": "string", "minLength": 1},
+            "prompt": {
+                "anyOf": [
+                    {"type": "string"},
+                    {"type": "array", "items": {"type": "string"}, "minItems": 1},
+                ]
+            },
+            "stream": {"type": ["boolean", "null"]},
+            "max_tokens": _MAX_TOKENS,
+            "temperature": {"type": ["number", "null"], "minimum": 0, "maximum": 2},
+        },
+    },
+    "Completion": {
+        "type": "object",
+        "required": ["id", "object", "choices"],
+        "properties": {
+            "id": {"type": "string"},
+            "object": {"const": "text_completion"},
+            "choices": {"type": "array", "items": {"type": "object"}},
+            "usage": _ref("Usage"),
+        },
+    },
+    "EmbeddingRequest": {
+        "type": "object",
+        "required": ["model", "input"],
+        "properties": {
+            "model": {"type": "string", "minLength": 1},
+            "input": {
+                "anyOf": [
+                    {"type": "string"},
+                    {"type": "array", "items": {"type": "string"}, "minItems": 1},
+                ]
+            },
+            "encoding_format": {"enum": ["float", "base64"]},
+        },
+    },
+    "EmbeddingList": {
+        "type": "object",
+        "required": ["object", "data"],
+        "properties": {
+            "object": {"const": "list"},
+            "data": {"type": "array", "items": {"type": "object"}},
+            "model": {"type": "string"},
+            "usage": {"type": "object"},
+        },
+    },
+    "ResponseRequest": {
+        "type": "object",
+        "description": "OpenAI's Responses API request, function tools only.",
+        "required": ["model", "input"],
+        "properties": {
+            "model": {"type": "string", "minLength": 1},
+            "input": {
+                "anyOf": [
+                    {"type": "string"},
+                    {
+                        "type": "array",
+                        "description": "At most `limits.max_messages` items.",
+                        "items": {
+                            "type": "object",
+                            "required": ["role", "content"],
+                            "properties": {
+                                "type": {"const": "message"},
+                                "role": {"enum": ["user", "assistant", "system", "developer"]},
+                                "content": {"type": "string"},
+                            },
+                        },
+                    },
+                ]
+            },
+            "instructions": {"type": ["string", "null"]},
+            "previous_response_id": {"type": ["string", "null"]},
+            "store": {"type": ["boolean", "null"]},
+            "stream": {"type": ["boolean", "null"]},
+            "max_output_tokens": {**_MAX_TOKENS, "minimum": 16},
+            "temperature": {"type": ["number", "null"], "minimum": 0, "maximum": 2},
+            "top_p": {"type": ["number", "null"], "minimum": 0, "maximum": 1},
+            "metadata": {"type": ["object", "null"], "additionalProperties": {"type": "string"}},
+            "tools": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["type", "name"],
+                    "properties": {
+                        "type": {"const": "function"},
+                        "name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"},
+                        "description": {"type": "string"},
+                        "parameters": {"type": "object"},
+                    },
+                },
+            },
+        },
+    },
+    "Response": {
+        "type": "object",
+        "required": ["id", "object", "created_at", "status", "model", "output"],
+        "properties": {
+            "id": {"type": "string"},
+            "object": {"const": "response"},
+            "created_at": {"type": "integer"},
+            "status": {"enum": ["completed", "incomplete", "in_progress", "failed"]},
+            "model": {"type": "string"},
+            "output": {"type": "array", "items": {"type": "object"}},
+            "usage": {"type": "object"},
+        },
+    },
+    "Deleted": {
+        "type": "object",
+        "required": ["id", "object", "deleted"],
+        "properties": {
+            "id": {"type": "string"},
+            "object": {"type": "string"},
+            "deleted": {"const": True},
+        },
+    },
+    "Model": {
+        "type": "object",
+        "required": ["id", "object", "created", "owned_by"],
+        "properties": {
+            "id": {"type": "string"},
+            "object": {"const": "model"},
+            "created": {"type": "integer"},
+            "owned_by": {"type": "string"},
+        },
+    },
+    "ModelList": {
+        "type": "object",
+        "required": ["object", "data"],
+        "properties": {
+            "object": {"const": "list"},
+            "data": {"type": "array", "items": _ref("Model")},
+        },
+    },
+    "UsageReport": {
+        "type": "object",
+        "required": ["object"],
+        "properties": {
+            "object": {"enum": ["usage", "session.usage"]},
+            "data": {"type": "array", "items": {"type": "object"}},
+            "totals": {"type": "object"},
+        },
+    },
+    "CheckpointList": {
+        "type": "object",
+        "required": ["object", "session_id", "data"],
+        "properties": {
+            "object": {"const": "list"},
+            "session_id": {"type": "string"},
+            "data": {"type": "array", "items": {"type": "object", "required": ["turn"]}},
+        },
+    },
+    "Checkpoint": {
+        "type": "object",
+        "required": ["object", "session_id", "turn", "client_messages", "engine_request"],
+        "properties": {
+            "object": {"const": "session.checkpoint"},
+            "session_id": {"type": "string"},
+            "turn": {"type": "integer", "minimum": 1},
+            "client_messages": {"type": "array"},
+            "engine_request": {"type": "object"},
+        },
+    },
+    "ForkRequest": {
+        "type": "object",
+        "properties": {
+            "turn": {"type": "integer", "minimum": 1},
+            "session_id": {"type": "string"},
+        },
+    },
+    "Session": {
+        "type": "object",
+        "required": ["object", "id", "turns"],
+        "properties": {
+            "object": {"const": "session"},
+            "id": {"type": "string"},
+            "turns": {"type": "integer"},
+        },
+    },
+    "Artifact": {
+        "type": "object",
+        "required": ["object", "id", "session_id"],
+        "properties": {"object": {"const": "session.artifact"}, "id": {"type": "string"}},
+    },
+    "ServerSentEvent": {
+        "type": "object",
+        "description": "One event: `data` is a JSON chunk, or `[DONE]` at the end.",
+        "required": ["data"],
+        "properties": {"event": {"type": "string"}, "data": {"type": "string"}},
+    },
+    "Status": {
+        "type": "object",
+        "required": ["status"],
+        "properties": {"status": {"type": "string"}},
+    },
+}
+
+
+def _call(summary: str, request: str, answer: str, *, streams: bool) -> dict[str, Any]:
+    content: dict[str, Any] = {_JSON: {"schema": _ref(answer)}}
+    if streams:  # with `"stream": true`: server-sent events, as OpenAI's
+        content[_SSE] = {"itemSchema": _ref("ServerSentEvent")}
+    return {
+        "post": {
+            "summary": summary,
+            "parameters": _SESSION_HEADERS,
+            "requestBody": {"required": True, **_json_body(_ref(request))},
+            "responses": {"200": {"description": "The answer.", "content": content}},
+        }
+    }
+
+
+def _with_errors(operation: dict[str, Any], statuses: tuple[int, ...]) -> dict[str, Any]:
+    for method in operation.values():
+        method["responses"].update(_errors(*statuses))
+    return operation
+
+
+def _get(summary: str, schema: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {
+        "summary": summary,
+        "responses": {"200": {"description": "OK", **_json_body(schema)}},
+        **extra,
+    }
+
+
+def _paths() -> dict[str, Any]:
+    calls = {
+        "/v1/chat/completions": _call(
+            "Create a chat completion", "ChatCompletionRequest", "ChatCompletion", streams=True
+        ),
+        "/v1/completions": _call(
+            "Create a completion", "CompletionRequest", "Completion", streams=True
+        ),
+        "/v1/embeddings": _call(
+            "Create embeddings", "EmbeddingRequest", "EmbeddingList", streams=False
+        ),
+        "/v1/responses": _call("Create a response", "ResponseRequest", "Response", streams=True),
+    }
+    paths: dict[str, Any] = {path: _with_errors(op, _CALL_ERRORS) for path, op in calls.items()}
+    paths["/v1/responses"]["post"]["parameters"] = []  # sessions come from previous_response_id
+    response_id = _path_id("response_id", "The id a created response answered with.")
+    turn = {"name": "turn", "in": "path", "required": True, "schema": {"type": "integer"}}
+    handle = _path_id("handle", "`m<message index>`, as compaction names an elided result.")
+    reads: dict[str, dict[str, Any]] = {
+        "/v1/responses/{response_id}": {
+            "get": _get("Retrieve a stored response", _ref("Response"), parameters=[response_id]),
+            "delete": _get("Delete a stored response", _ref("Deleted"), parameters=[response_id]),
+        },
+        "/v1/models": {"get": _get("List the model aliases", _ref("ModelList"))},
+        "/v1/models/{model}": {
+            "get": _get(
+                "Retrieve a model alias",
+                _ref("Model"),
+                parameters=[_path_id("model", "A model alias of the policy.")],
+            )
+        },
+        "/v1/usage": {
+            "get": _get(
+                "Tokens, cost and savings per tenant, model and day, or of one session",
+                _ref("UsageReport"),
+                parameters=[
+                    {"name": name, "in": "query", "required": False, "schema": schema}
+                    for name, schema in (
+                        ("start", {"type": "string", "format": "date"}),
+                        ("end", {"type": "string", "format": "date"}),
+                        ("tenant", {"type": "string"}),
+                        ("session", {"type": "string"}),
+                    )
+                ],
+            )
+        },
+        "/v1/sessions/{session_id}": {
+            "delete": _get("Delete a session", _ref("Deleted"), parameters=[_SESSION_ID])
+        },
+        "/v1/sessions/{session_id}/checkpoints": {
+            "get": _get(
+                "List a session's checkpoints", _ref("CheckpointList"), parameters=[_SESSION_ID]
+            )
+        },
+        "/v1/sessions/{session_id}/checkpoints/{turn}": {
+            "get": _get(
+                "What the engine was sent at a turn, and why",
+                _ref("Checkpoint"),
+                parameters=[_SESSION_ID, turn],
+            )
+        },
+        "/v1/sessions/{session_id}/artifacts/{handle}": {
+            "get": _get(
+                "A tool result that compaction elided, whole",
+                _ref("Artifact"),
+                parameters=[_SESSION_ID, handle],
+            )
+        },
+        "/v1/sessions/{session_id}/fork": {
+            "post": {
+                "summary": "Fork a session from a checkpoint",
+                "parameters": [_SESSION_ID],
+                "requestBody": {"required": False, **_json_body(_ref("ForkRequest"))},
+                "responses": {"201": {"description": "Created", **_json_body(_ref("Session"))}},
+            }
+        },
+    }
+    for path, operations in reads.items():
+        paths[path] = operations
+        for operation in operations.values():
+            statuses = (*_READ_ERRORS, 413) if "requestBody" in operation else _READ_ERRORS
+            operation["responses"].update(_errors(*statuses))
+    paths.update(_open_routes())
+    return paths
+
+
+def _open_routes() -> dict[str, Any]:
+    """Probes, metrics and the dashboard: no key needed."""
+    ready = _get("Ready when every model has a healthy replica", _ref("Status"))
+    ready["responses"]["503"] = {"description": "Not ready", **_json_body(_ref("Status"))}
+    text = {"schema": {"type": "string"}}
+    return {
+        "/healthz": {"get": {**_get("Alive", _ref("Status")), "security": []}},
+        "/readyz": {"get": {**ready, "security": []}},
+        "/metrics": {
+            "get": {
+                "summary": "Prometheus metrics",
+                "security": [],
+                "responses": {"200": {"description": "OK", "content": {"text/plain": text}}},
+            }
+        },
+        "/dashboard": {
+            "get": {
+                "summary": "The live dashboard page",
+                "security": [],
+                "responses": {"200": {"description": "OK", "content": {"text/html": text}}},
+            }
+        },
+        "/dashboard/data": {
+            "get": {**_get("The dashboard's figures", {"type": "object"}), "security": []}
+        },
+        "/openapi.json": {"get": {**_get("This document", {"type": "object"}), "security": []}},
+    }
+
+
+def openapi_document() -> dict[str, Any]:
+    return {
+        "openapi": "3.2.0",
+        "info": {
+            "title": "agent-gateway",
+            "version": "1",
+            "description": "OpenAI-compatible gateway for agent pipelines in front of vLLM. "
+            "Every error is OpenAI's shape: "
+            '`{"error": {"message", "type", "param", "code"}}`.',
+        },
+        "servers": [{"url": "/"}],
+        "security": [{"bearer": []}],
+        "paths": _paths(),
+        "components": {
+            "schemas": _SCHEMAS,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+    }
+
+
+def build_openapi_router() -> APIRouter:
+    router = APIRouter()
+    document = openapi_document()  # built once: it describes code, not the policy
+
+    @router.get("/openapi.json")
+    async def openapi() -> JSONResponse:
+        return JSONResponse(document)
+
+    return router
