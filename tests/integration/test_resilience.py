@@ -176,8 +176,11 @@ def test_a_gateway_stopped_mid_stream_drains_and_the_session_resumes(
     turn = {"model": "live", "messages": [{"role": "user", "content": "plan my trip"}],
             "max_tokens": 200, "ignore_eos": True}  # fmt: skip
     with running_gateway(setup.gateway.policy, tmp_path / "first.log") as first:
-        created = httpx.post(f"{first.v1}/chat/completions", json=turn, headers=session,
-                             timeout=60)  # fmt: skip
+        # A short first turn: a whole 200-token answer can take longer than this policy's
+        # 6 s first-byte timeout on a busy CI machine; only the stream below must be long.
+        created = httpx.post(f"{first.v1}/chat/completions", json={**turn, "max_tokens": 8},
+                             headers=session, timeout=60)  # fmt: skip
+        assert created.status_code == 200, created.text
         assert created.headers["x-gateway-session-turn"] == "1"
         with httpx.stream("POST", f"{first.v1}/chat/completions", timeout=60,
                           json={**turn, "stream": True}, headers=session) as stream:  # fmt: skip
