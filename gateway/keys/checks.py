@@ -21,7 +21,21 @@ from gateway.redis_client import RedisClient
 ADMIN = frozenset({"admin"})
 
 
-class TenantKeys:
+class _WatchedFile:
+    """A key check that may read a keys file, watched for changes while the app runs."""
+
+    _file: FileKeyStore | None
+
+    def start(self) -> None:
+        if self._file is not None:
+            self._file.start()
+
+    async def stop(self) -> None:
+        if self._file is not None:
+            await self._file.stop()
+
+
+class TenantKeys(_WatchedFile):
     def __init__(self, tenants: Tenants, file: FileKeyStore | None, cache_ttl_s: float) -> None:
         self.tenants = tenants
         self._file = file
@@ -46,16 +60,8 @@ class TenantKeys:
         access = self.tenants.access(identity.tenant)
         return (identity, access) if access is not None else None
 
-    def start(self) -> None:
-        if self._file is not None:
-            self._file.start()
 
-    async def stop(self) -> None:
-        if self._file is not None:
-            await self._file.stop()
-
-
-class AdminKeys:
+class AdminKeys(_WatchedFile):
     def __init__(self, digests: set[bytes], file: FileKeyStore | None) -> None:
         self._static = {d: Identity(d.hex()[:12], roles=ADMIN) for d in digests}
         self._file = file
@@ -67,14 +73,6 @@ class AdminKeys:
             from_file = self._file.identify_digest(digest)
             found = Identity(from_file.key_id, roles=ADMIN) if from_file is not None else None
         return found
-
-    def start(self) -> None:
-        if self._file is not None:
-            self._file.start()
-
-    async def stop(self) -> None:
-        if self._file is not None:
-            await self._file.stop()
 
 
 def tenant_keys(policy: Policy) -> TenantKeys | None:

@@ -28,6 +28,7 @@ from gateway.redaction import (
 from gateway.state_store import StateStore
 from gateway.telemetry import names
 from tests.fakes import Call, FakeUpstream, Scripted
+from tests.unit.test_auth_keys import policy_text
 
 KEY = "sk-agw-5d1e0c9b7a3f4e21"
 PASTED = "sk-proj-Zq8vX2mN4bL6kJ9hG3fD"  # an upstream provider's key, pasted into a prompt
@@ -125,21 +126,6 @@ def test_gateway_serve_puts_the_filter_on_every_handler(tmp_path: Path) -> None:
 
 # -- a whole run -------------------------------------------------------------------------
 
-POLICY = """\
-version: 1
-state: {{redis_url: "{redis_url}"}}
-auth: {{keys_file: "{keys}"}}
-telemetry:
-  request_log: "{log}"
-  traces: {{sample_ratio: 1.0, capture_content: true}}
-pools:
-  chat:
-    served_model: served
-    replicas: [{{url: "http://a.test:1"}}]
-models:
-  tiny: {{pool: chat}}
-"""
-
 
 def engine(call: Call) -> Scripted:
     """Echoes the prompt back, as a model repeating what it was told would."""
@@ -171,7 +157,7 @@ def run(redis_url: str, tmp_path: Path) -> Iterator[Run]:
     keys = tmp_path / "keys"
     keys.write_text(f"{KEY}\n")
     log = tmp_path / "requests.jsonl"
-    policy = parse_policy(POLICY.format(redis_url=redis_url, keys=keys, log=log))
+    policy = parse_policy(policy_text(redis_url, str(keys), str(log)))
     spans = InMemorySpanExporter()
     app = create_app(
         policy,
