@@ -24,6 +24,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp
 
 from gateway.api.admin import build_admin_router
+from gateway.api.approvals import build_approvals_router
 from gateway.api.body import BodyLimit
 from gateway.api.calls import ApiCalls
 from gateway.api.observability import build_observability_router
@@ -155,6 +156,7 @@ def create_app(
     app.include_router(build_observability_router())
     app.include_router(build_sessions_router())
     app.include_router(build_responses_router())
+    app.include_router(build_approvals_router())  # held tool calls (gateway/approvals/)
     if admin is not None:  # no admin key, no admin API
         app.include_router(build_admin_router(Tenants(policy)))
     app.include_router(build_openapi_router())  # the hand-written one: gateway/api/openapi.py

@@ -5,9 +5,11 @@
     |                                     over a policy limit: code=array_above_max_length,
     |                                     json_too_deep or max_tokens_too_large)
     +-- Unauthorized                    401   invalid_request_error  code=invalid_api_key
+    +-- PermissionDenied                403   invalid_request_error  code=permission_denied
     +-- NotFound                        404   invalid_request_error  (unknown route)
     |   +-- ModelNotFound               404   invalid_request_error  code=model_not_found
     +-- MethodNotAllowed                405   invalid_request_error
+    +-- Conflict                        409   invalid_request_error  (e.g. approval_already_decided)
     +-- PayloadTooLarge                 413   invalid_request_error  code=request_too_large
     +-- UpstreamError                   502   upstream_error         (engine unreachable or 5xx)
     |   +-- UpstreamTimeout             504   upstream_error         code=upstream_timeout
@@ -15,6 +17,9 @@
     +-- UpstreamRejected              (4xx)   (engine's own)         engine refused the request
     +-- NoHealthyReplica                503   service_unavailable    Retry-After set
     +-- Overloaded                      429   rate_limit_error       code=overloaded, Retry-After
+    +-- RateLimited                     429   rate_limit_error       code=rate_limit_exceeded,
+    |                                     Retry-After and x-ratelimit-* (gateway/quota/)
+    +-- BudgetExceeded                  429   insufficient_quota     code=budget_exceeded
 
 Handlers raise these; `error_response` renders any of them in OpenAI's shape
 `{"error": {"message", "type", "param", "code"}}`. Anything else that escapes is a bug and
@@ -80,6 +85,14 @@ class Unauthorized(GatewayError):
         )
 
 
+class PermissionDenied(GatewayError):
+    """A valid key whose roles do not allow this (deciding an approval needs `approver`)."""
+
+    status = 403
+    error_type = "invalid_request_error"
+    default_code = "permission_denied"
+
+
 class NotFound(GatewayError):
     status = 404
     error_type = "invalid_request_error"
@@ -94,6 +107,14 @@ class MethodNotAllowed(GatewayError):
     status = 405
     error_type = "invalid_request_error"
     default_code = "method_not_allowed"
+
+
+class Conflict(GatewayError):
+    """The request contradicts the state it acts on (an approval decided already)."""
+
+    status = 409
+    error_type = "invalid_request_error"
+    default_code = "conflict"
 
 
 class PayloadTooLarge(GatewayError):
@@ -138,6 +159,22 @@ class Overloaded(GatewayError):
 
     def __init__(self, message: str, *, retry_after_s: int) -> None:
         super().__init__(message, headers={"Retry-After": str(retry_after_s)})
+
+
+class RateLimited(GatewayError):
+    """A tenant's or a key's rate limit has no room for the request (gateway/quota/)."""
+
+    status = 429
+    error_type = "rate_limit_error"
+    default_code = "rate_limit_exceeded"
+
+
+class BudgetExceeded(GatewayError):
+    """The tenant's budget for the day or month is spent (gateway/quota/)."""
+
+    status = 429
+    error_type = "insufficient_quota"
+    default_code = "budget_exceeded"
 
 
 class UpstreamRejected(GatewayError):

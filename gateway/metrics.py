@@ -181,5 +181,38 @@ class GatewayMetrics:
             registry=self.registry,
         )
 
+        # Human approval of tool calls (gateway/approvals/).
+        self.approvals = Counter(
+            "gateway_approvals",
+            "Approval events by tenant: held, approved, denied, expired, released (an "
+            "approved call given to the agent), denial_returned, expiry_returned.",
+            ["tenant", "event"],
+            registry=self.registry,
+        )
+
+        # Rate limits and budgets (gateway/quota/).
+        self.rate_limited = Counter(
+            "gateway_rate_limited",
+            "Requests refused with 429 by a rate limit, by tenant and the limit "
+            "(tenant.requests_per_minute, tenant.tokens_per_minute, key.requests_per_minute, "
+            "key.tokens_per_minute).",
+            ["tenant", "limit"],
+            registry=self.registry,
+        )
+        self.budget_exceeded = Counter(
+            "gateway_budget_exceeded",
+            "Requests over their tenant's budget, by the limit (tokens_per_day, "
+            "tokens_per_month, usd_per_day, usd_per_month) and action (rejected, downgraded).",
+            ["tenant", "limit", "action"],
+            registry=self.registry,
+        )
+        self.quota_store_failures = Counter(
+            "gateway_quota_store_failures",
+            "Quota calls Redis did not answer, by outcome: served (unmetered, fail open), "
+            "refused (503, fail closed), unsettled (a finished request's estimate kept).",
+            ["outcome"],
+            registry=self.registry,
+        )
+
     def render(self) -> bytes:
         return generate_latest(self.registry)

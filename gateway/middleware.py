@@ -6,7 +6,9 @@ streaming): one wrapper around every request, so the response's `send` is wrappe
 - For the API calls, a telemetry record: started with the client's `traceparent`, told
   the status, the first and the last byte as they are sent, and handed to telemetry once
   the response is complete, whatever happened in between. Its trace id is returned in
-  X-Gateway-Trace-Id.
+  X-Gateway-Trace-Id. When rate limits or a budget applied to the request, its
+  x-ratelimit-* headers go on the answer, and once the response is complete its quota
+  charge is settled with what the engines counted (gateway/quota/).
 """
 
 from __future__ import annotations
@@ -29,6 +31,10 @@ _OPERATIONS = {
     "/v1/embeddings": "embeddings",
     "/v1/responses": "responses",
 }
+
+
+def _encoded(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
+    return [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
 
 
 class EdgeMiddleware:
@@ -66,6 +72,8 @@ class EdgeMiddleware:
                 message["headers"] = headers + added
                 if record is not None:
                     record.status = message["status"]
+                    if record.quota is not None:  # x-ratelimit-*, on whatever it answers
+                        message["headers"] += _encoded(record.quota.headers)
             elif kind == "http.response.body" and record is not None:
                 if not record.first_byte_ns and message.get("body"):
                     record.first_byte_ns = time.perf_counter_ns()
@@ -82,3 +90,5 @@ class EdgeMiddleware:
             record.end_ns = record.end_ns or time.perf_counter_ns()
             record.status = record.status or 500  # an error escaped: the server answers 500
             self.telemetry.finish(record)
+            if record.quota is not None:  # estimate -> the engines' count (gateway/quota/)
+                await record.quota.settle(record)

@@ -14,6 +14,7 @@ from typing import Any
 from starlette.responses import Response
 
 from gateway.answers import Answer, read_answer
+from gateway.approvals.gate import ApprovalGate, GateAnswer, Guard
 from gateway.canonical import Canonicalizer, Fingerprint, fingerprint
 from gateway.errors import (
     InvalidRequest,
@@ -24,10 +25,12 @@ from gateway.errors import (
     UpstreamError,
 )
 from gateway.inbound import InboundRequest, parse_request
-from gateway.keys.identity import OPEN_ACCESS, TenantAccess
+from gateway.keys.identity import OPEN_ACCESS, Identity, TenantAccess
+from gateway.keys.settings import TenantPolicies
 from gateway.metrics import GatewayMetrics
 from gateway.policy import Endpoint, Policy
 from gateway.prefix_watch import FingerprintStore
+from gateway.quota.service import Quota
 from gateway.relay import RelayResponse, ReplayedStream, StreamRelay
 from gateway.replicas import Fleet, Pool
 from gateway.resilience.dispatcher import Dispatch, Dispatcher
@@ -74,6 +77,8 @@ class RequestContext:
     record: RequestRecord = field(default_factory=RequestRecord.detached)
     # The caller's tenant (gateway/auth.py): its models, and the namespace of its state.
     access: TenantAccess = OPEN_ACCESS
+    # The caller's key (None when authentication is off): its id and own rate limits.
+    identity: Identity | None = None
 
 
 class Pipeline:
@@ -90,6 +95,9 @@ class Pipeline:
         tiers: TierChooser | None = None,
         dispatcher: Dispatcher | None = None,
         answers: ResponseCache | None = None,
+        tenants: TenantPolicies | None = None,
+        approvals: ApprovalGate | None = None,
+        quota: Quota | None = None,
     ) -> None:
         self._tiers = tiers or TierChooser(
             policy,
@@ -100,6 +108,12 @@ class Pipeline:
         )
         self._sessions = sessions
         self._policy = policy
+        # Tool calls held for a person's approval; None (no cost) when the policy names none.
+        self._approvals = approvals
+        # Rate limits and budgets; a caller nothing limits costs a dict lookup.
+        self._quota = quota
+        # Each tenant's limits, fallbacks and tiers, merged once (gateway/keys/settings.py).
+        self.tenants = tenants or TenantPolicies(policy)
         self._fleet = fleet
         self._router = router
         self._dispatcher = dispatcher or Dispatcher(policy, router, upstream, metrics)
@@ -120,8 +134,16 @@ class Pipeline:
         self, endpoint: Endpoint, raw_body: bytes, context: RequestContext
     ) -> Response:
         record = context.record
-        request = parse_request(endpoint, raw_body, self._policy.limits)
+        tenant = self.tenants.of(context.access.name)
+        request = parse_request(endpoint, raw_body, tenant.limits)
         self._check_model(request.model, endpoint, context.access)
+        if self._quota is not None:  # rate limits and budgets (gateway/quota/)
+            grant = await self._quota.admit(
+                request, len(raw_body), context.access, context.identity
+            )
+            if grant is not None:
+                record.quota = grant  # the edge sends its headers and settles it
+                request = grant.request  # another model when served over budget
         record.note_request(request)  # after the check: only known aliases become labels
         session = self._session_of(request, context)
         record.session = session.id if session else None
@@ -136,6 +158,9 @@ class Pipeline:
                 "X-Gateway-Degraded": "checkpoint",
             }
         request, hide_usage = _with_usage(request)
+        guard = self._guard(request, session, context) if self._approvals is not None else None
+        if guard is not None and (kept := await guard.resume(_client_usage(request, hide_usage))):
+            return await self._answered_here(kept, request, turn, context, notes)
         with record.stage("canonicalise"):
             request, tools_json = self._canonicalise(request)
         if prefix_changes := await self._prefix_changes(request, session):
@@ -145,10 +170,17 @@ class Pipeline:
         )
         with record.stage("choose_tier"):
             choice = await self._tiers.choose(
-                request.model, endpoint, request.body, route, task=context.task
+                request.model,
+                endpoint,
+                request.body,
+                route,
+                task=context.task,
+                clamps=tenant.tier_clamps,
             )
-        if choice.checks is not None:
-            return await self._checked(request, route, context, choice, turn, hide_usage, notes)
+        if choice.checks is not None or guard is not None:
+            return await self._checked(
+                request, route, context, choice, turn, hide_usage, notes, guard
+            )
         answer_key = cache_key(request.body) if self._answers is not None else None
         try:
             choice, dispatch = await self._dispatch(choice, request, route, context)
@@ -177,23 +209,27 @@ class Pipeline:
         turn: Turn | None,
         hide_usage: bool,
         notes: dict[str, str],
+        guard: Guard | None = None,
     ) -> Response:
         """An answer with checks is read whole and checked before the client sees it; one
-        that fails moves up a tier once, and a failure with nowhere to go is an error."""
+        that fails moves up a tier once, and a failure with nowhere to go is an error. An
+        answer that may call a tool needing approval is read whole too, and held if it does."""
         checks = choice.checks
-        assert checks is not None
         constrain = self._tiers.structured_outputs(request.model)
         escalated = False
         while True:
             engine_can = constrain and choice.pool.spec.structured_outputs
-            sent = request.with_body(checks.constrain(request.body, engine_can))
+            sent = request
+            if checks is not None:
+                sent = request.with_body(checks.constrain(request.body, engine_can))
             choice, dispatch = await self._dispatch(choice, sent, route, context)
             headers = self._dispatched(request, route, choice, dispatch, notes, context.record)
             answer = await self._read_answer(sent, dispatch, context.record.result, hide_usage)
-            problems = checks.problems(answer.reply)
+            problems = checks.problems(answer.reply) if checks else []
             if not problems:
-                outcome = "escalated" if escalated else "passed"
-                self._metrics.cascades.labels(request.model, outcome).inc()
+                if checks:
+                    outcome = "escalated" if escalated else "passed"
+                    self._metrics.cascades.labels(request.model, outcome).inc()
                 break
             for check, _ in problems:
                 self._metrics.output_check_failures.labels(request.model, choice.tier, check).inc()
@@ -207,14 +243,48 @@ class Pipeline:
             choice = self._tiers.escalated(request.model, choice, problems[0][0])
             context.record.escalating()
             escalated = True
+        held = await guard.hold(answer, _client_usage(sent, hide_usage)) if guard else None
+        if held is not None:
+            answer = held.answer  # the client is told the call awaits approval instead
+            headers.update(held.headers)
         if turn is not None:
             headers["X-Gateway-Session"] = turn.session.id
             commit = self._checkpointer(turn, request, choice, dispatch, context)
             turn_number = await commit(answer.reply, answer.usage)
             _report_turn(headers, turn_number)
-        if answer.events is not None:
-            return ReplayedStream(answer.events, headers)
-        return Response(answer.payload, media_type=answer.media_type, headers=headers)
+        return _whole(answer, headers)
+
+    def _guard(
+        self, request: InboundRequest, session: SessionRef | None, context: RequestContext
+    ) -> Guard | None:
+        """The request's guard when it may call a tool that needs approval."""
+        if self._approvals is None or request.endpoint is not Endpoint.chat:
+            return None
+        return self._approvals.guard(
+            request,
+            session,
+            tenant=context.access.name,
+            request_id=context.request_id,
+            record=context.record,
+        )
+
+    async def _answered_here(
+        self,
+        kept: GateAnswer,
+        request: InboundRequest,
+        turn: Turn | None,
+        context: RequestContext,
+        notes: dict[str, str],
+    ) -> Response:
+        """An approval's answer, given without the engine; kept in the session like any
+        turn, so the history the client resends matches the stored one."""
+        headers = {**notes, **kept.headers}
+        if turn is not None:
+            headers["X-Gateway-Session"] = turn.session.id
+            route = {"answered_by": "gateway", "approval": kept.approval, "event": kept.event}
+            commit = self._committer(turn, request, request.body, route, context)
+            _report_turn(headers, await commit(kept.answer.reply, kept.answer.usage))
+        return _whole(kept.answer, headers)
 
     def _dispatched(
         self,
@@ -331,8 +401,6 @@ class Pipeline:
         context: RequestContext,
     ) -> Checkpointer:
         """What to call with the reply once the turn has completed."""
-        sessions = self._sessions
-        assert sessions is not None
         decision = dispatch.decision
         engine_body = {**request.body, "model": choice.pool.spec.served_model}
         route = {
@@ -343,7 +411,18 @@ class Pipeline:
             "cached_blocks": decision.cached_blocks,
             "total_blocks": decision.total_blocks,
         }
+        return self._committer(turn, request, engine_body, route, context)
 
+    def _committer(
+        self,
+        turn: Turn,
+        request: InboundRequest,
+        engine_body: dict[str, Any],
+        route: dict[str, Any],
+        context: RequestContext,
+    ) -> Checkpointer:
+        sessions = self._sessions
+        assert sessions is not None
         record = context.record
 
         async def commit(reply: Message | None, usage: dict[str, Any] | None) -> int | None:
@@ -425,15 +504,17 @@ class Pipeline:
         route: RouteRequest,
         context: RequestContext,
     ) -> tuple[TierChoice, Dispatch]:
-        """Send to the chosen pool; when it cannot answer, to the model's fallbacks in turn."""
+        """Send to the chosen pool; when it cannot answer, to the model's fallbacks in turn
+        (the tenant's own, and only models the tenant may use)."""
         try:
             return choice, await self._send(choice.pool, request, route, context)
         except _CANNOT_ANSWER as exc:
             failure = exc
-        for fallback in self._policy.models[request.model].fallbacks:
+        tenant = self.tenants.of(context.access.name)
+        for fallback in tenant.fallbacks.get(request.model, ()):
             try:
                 alternative = await self._tiers.choose(
-                    fallback, request.endpoint, request.body, route
+                    fallback, request.endpoint, request.body, route, clamps=tenant.tier_clamps
                 )
                 dispatch = await self._send(alternative.pool, request, route, context)
             except _CANNOT_ANSWER as exc:
@@ -521,6 +602,18 @@ class Pipeline:
             capture=record.capture,
         )
         return RelayResponse(relay, headers)
+
+
+def _whole(answer: Answer, headers: dict[str, str]) -> Response:
+    """An answer read (or written) whole: replayed as a stream when it is one."""
+    if answer.events is not None:
+        return ReplayedStream(answer.events, headers)
+    return Response(answer.payload, media_type=answer.media_type, headers=headers)
+
+
+def _client_usage(request: InboundRequest, hide_usage: bool) -> bool:
+    """Whether a stream's client asked for the usage chunk (the gateway always does)."""
+    return request.stream and not hide_usage
 
 
 def _report_turn(headers: dict[str, str], turn_number: int | None) -> None:

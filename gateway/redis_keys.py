@@ -10,17 +10,27 @@ the same tag, so they live in one slot (one node) and one MULTI/EXEC may touch t
     agw:{<tenant>/<session>}:usage         hash    its usage counters (telemetry/usage.py)
     agw:{<tenant>/<session>}:prefix        string  last prefix fingerprint (prefix_watch.py)
     agw:{<tenant>/<session>}:tier:<route>  string  its sticky tier (tiering/memory.py)
+    agw:{<tenant>/<session>}:approval      string  its open approval's id (approvals/store.py)
     agw:response:{<tenant>/<response id>}  string  a stored response (responses/records.py)
     agw:answer:{<tenant>/<sha256>}         string  a kept answer (resilience/response_cache.py)
+    agw:approval:{<tenant>/<approval id>}  hash    a held tool call (approvals/store.py)
+    agw:approvals:{<tenant>}:index         zset    its approvals by time (approvals/store.py)
+    agw:approvals:{<tenant>}:audit         stream  the tenant's audit log (approvals/audit.py)
     agw:usage:<tenant>:<day>               hash    a ledger day row (telemetry/usage.py)
     agw:usage:tenants                      set     tenants with ledger rows (telemetry/usage.py)
     agw:apikey:{<sha256 hex>}              hash    a key made at run time (keys/runtime.py)
     agw:apikeys:ids                        hash    key id -> its sha256 hex (keys/runtime.py)
     agw:apikeys:tenant:{<tenant>}          set     a tenant's run-time key ids (keys/runtime.py)
+    agw:quota:{<tenant>}:tenant:<unit>     hash    the tenant's rate bucket (quota/store.py)
+    agw:quota:{<tenant>}:key:<id>:<unit>   hash    one key's rate bucket (quota/store.py)
+    agw:quota:{<tenant>}:<period>:<date>   hash    budget used in a day or month (quota/store.py)
+    agw:quota:{<tenant>}:once:<call id>    string  an admission's answer, 60 s (quota/store.py)
 
 Every command touches one key, or keys of one tag (a session's turns and blobs together),
-so no command or transaction ever spans slots. The ledger's day rows are written in a
-batch that does span slots; telemetry/usage.py splits it by slot. Day rows keep the names
+so no command or transaction ever spans slots. Every quota key of one tenant carries the
+tag `{<tenant>}`: the one Lua script that admits a request reads and writes all of them
+(a script's keys must share a slot). The ledger's day rows are written in a batch that
+does span slots; telemetry/usage.py splits it by slot. Day rows keep the names
 they had before the cluster layout (no tag: each is read and written on its own), so a
 ledger survives the upgrade; the other keys moved under tags, which orphans what an
 embedded Redis held for sessions that were in flight across the upgrade.
@@ -77,3 +87,21 @@ API_KEY_IDS_KEY = "agw:apikeys:ids"
 
 def tenant_keys_key(tenant: str) -> str:
     return "agw:apikeys:tenant:{" + _tag_text(tenant) + "}"
+
+
+def quota_key(tenant: str, part: str) -> str:
+    """A tenant's rate bucket or budget counter (`part`: `tenant:requests`,
+    `key:<key id>:tokens`, `day:2025-06-01`, `month:2025-06`); one slot per tenant."""
+    return "agw:quota:{" + _tag_text(tenant) + "}:" + part
+
+
+# -- approvals (gateway/approvals/) ------------------------------------------------------
+
+
+def approval_key(tenant: str, approval_id: str) -> str:
+    return f"agw:approval:{hash_tag(tenant, approval_id)}"
+
+
+def approvals_key(tenant: str, part: str) -> str:
+    """A tenant's approvals index (`index`) or audit stream (`audit`)."""
+    return "agw:approvals:{" + _tag_text(tenant) + "}:" + part

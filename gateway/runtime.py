@@ -30,13 +30,20 @@ from dataclasses import dataclass
 
 from starlette.datastructures import State
 
+from gateway.approvals.audit import AuditLog
+from gateway.approvals.decisions import Approvals
+from gateway.approvals.gate import ApprovalGate
+from gateway.approvals.store import RedisApprovals
 from gateway.discovery import Discovery, DiscoveryMetrics, Resolver
 from gateway.engine_metrics import EngineMetricsScraper, EngineStats
 from gateway.health import HealthMonitor
+from gateway.keys.settings import TenantPolicies
 from gateway.metrics import GatewayMetrics
 from gateway.pipeline import Pipeline
 from gateway.policy import Policy
 from gateway.prefix_watch import RedisFingerprints
+from gateway.quota.service import Quota, quota_applies
+from gateway.quota.store import RedisQuotaStore
 from gateway.replicas import Fleet
 from gateway.resilience.dispatcher import Breakers, Dispatcher
 from gateway.resilience.response_cache import RedisResponseCache
@@ -52,8 +59,7 @@ from gateway.telemetry.service import Telemetry
 from gateway.telemetry.usage import Prices
 from gateway.tiering.chooser import TierChooser, load_learned_router
 from gateway.tiering.memory import RedisSessionTiers
-from gateway.trimming.tokens import token_counter
-from gateway.trimming.trim import Trimmer
+from gateway.trimming.tenants import policy_trimmers
 from gateway.upstream import AiohttpUpstream, Upstream
 
 
@@ -98,6 +104,7 @@ class Runtime:
     checkpoints: RedisCheckpoints
     pipeline: Pipeline
     responses: ResponsesService
+    approvals: Approvals  # the approvals API's (gateway/approvals/)
 
     async def start(self, *, first: bool) -> None:
         """Start the background tasks, after one round of each that the first requests
@@ -135,6 +142,7 @@ class Runtime:
         state.checkpoints = self.checkpoints
         state.pipeline = self.pipeline
         state.responses = self.responses
+        state.approvals = self.approvals
 
     def deactivate(self, services: Services) -> None:
         """At shutdown, after the last request."""
@@ -180,8 +188,12 @@ def build_runtime(policy: Policy, services: Services, previous: Runtime | None =
         services.telemetry.live.replica_requests,
     )
     checkpoints = RedisCheckpoints(redis, ttl_s=policy.sessions.ttl_s)
-    trimming = policy.trimming
-    trimmer = Trimmer(trimming, token_counter(trimming.tokenizer)) if trimming.enabled else None
+    tenants = TenantPolicies(policy)  # each tenant's settings, merged once
+    trimmer, tenant_trimmers = policy_trimmers(policy.trimming, tenants)
+    approvals = Approvals(
+        RedisApprovals(redis, keep_s=policy.approvals.keep_s),
+        AuditLog(redis, metrics, max_entries=policy.approvals.audit_max_entries),
+    )
     pipeline = Pipeline(
         policy,
         fleet,
@@ -189,7 +201,7 @@ def build_runtime(policy: Policy, services: Services, previous: Runtime | None =
         client,
         fingerprints=RedisFingerprints(redis),
         metrics=metrics,
-        sessions=SessionTurns(checkpoints, trimmer),
+        sessions=SessionTurns(checkpoints, trimmer, tenant_trimmers),
         tiers=TierChooser(
             policy,
             fleet,
@@ -206,6 +218,9 @@ def build_runtime(policy: Policy, services: Services, previous: Runtime | None =
             breakers=breakers,
         ),
         answers=RedisResponseCache(redis, ttl_s=policy.resilience.response_cache.ttl_s),
+        tenants=tenants,
+        approvals=ApprovalGate(policy.approvals, approvals) if policy.approvals.enabled else None,
+        quota=Quota(policy, RedisQuotaStore(redis), metrics) if quota_applies(policy) else None,
     )
     return Runtime(
         policy=policy,
@@ -222,8 +237,9 @@ def build_runtime(policy: Policy, services: Services, previous: Runtime | None =
             pipeline,
             checkpoints,
             RedisResponseRecords(redis, ttl_s=policy.sessions.ttl_s),
-            limits=policy.limits,
+            tenants=tenants,
         ),
+        approvals=approvals,
     )
 
 

@@ -8,6 +8,7 @@ names an admin key.
     DELETE /admin/keys/{key_id}                 revoke a key
     POST   /admin/policy/reload                 check the policy file now, apply it
     GET    /admin/sessions/{tenant}/{session}   a session's checkpoints, in any tenant
+    GET    /admin/tenants                       every tenant's settings in effect
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 import orjson
 from fastapi import APIRouter
+from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -23,7 +25,9 @@ from gateway.api.sessions import checkpoint_summary
 from gateway.errors import InvalidRequest, NotFound
 from gateway.inbound import json_object
 from gateway.keys.runtime import ROLES, RedisKeys
+from gateway.keys.settings import TenantPolicies
 from gateway.keys.tenants import Tenants
+from gateway.policy.quota import RateLimitSpec
 from gateway.reload import PolicyReloader
 from gateway.sessions.keys import SessionRef, check_session_id
 from gateway.sessions.store import CheckpointStore
@@ -35,6 +39,18 @@ def _json(data: Any, status: int = 200) -> Response:
 
 def _options(raw: bytes) -> dict[str, Any]:
     return json_object(raw) if raw.strip() else {}
+
+
+def _rate_limits(value: Any) -> RateLimitSpec | None:
+    """The new key's own rate limits, validated like the policy's."""
+    if value is None:
+        return None
+    try:
+        return RateLimitSpec.model_validate(value)
+    except ValidationError as exc:
+        problem = exc.errors()[0]
+        where = ".".join(str(part) for part in ("rate_limits", *problem["loc"]))
+        raise InvalidRequest(f"`{where}`: {problem['msg']}.", param=where) from None
 
 
 def build_admin_router(tenants: Tenants) -> APIRouter:
@@ -69,7 +85,10 @@ def build_admin_router(tenants: Tenants) -> APIRouter:
             raise InvalidRequest("`name` must be a string of at most 128.", param="name")
         if not isinstance(roles, list) or any(r not in ROLES for r in roles):
             raise InvalidRequest(f"`roles` must be a list of: {', '.join(ROLES)}.", param="roles")
-        key, record = await api_keys(request).create(tenant, name=name, roles=roles)
+        limits = _rate_limits(options.get("rate_limits"))
+        key, record = await api_keys(request).create(
+            tenant, name=name, roles=roles, rate_limits=limits
+        )
         return _json({**record.public(), "key": key}, 201)
 
     @router.get("/admin/keys")
@@ -113,5 +132,11 @@ def build_admin_router(tenants: Tenants) -> APIRouter:
         data = [checkpoint_summary(i + 1, c) for i, c in enumerate(checkpoints)]
         body = {"object": "session", "tenant": session.tenant, "id": session.id, "data": data}
         return _json(body)
+
+    @router.get("/admin/tenants")
+    async def list_tenants(request: Request) -> Response:
+        # The running policy's (a reload rebuilds them): defaults and overrides merged.
+        settings: TenantPolicies = request.app.state.pipeline.tenants
+        return _json({"object": "list", "data": [s.public() for s in settings.listed()]})
 
     return router

@@ -1,4 +1,6 @@
-"""Reading a request body under the policy's size limit, without trusting Content-Length."""
+"""Reading a request body under the policy's size limit (or the caller's tenant's own,
+`tenants.<name>.limits.max_body_bytes`: the key check runs before any body is read),
+without trusting Content-Length."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.errors import InvalidRequest, PayloadTooLarge, error_response
+from gateway.keys.identity import access_of
 
 
 def _too_large(limit: int) -> PayloadTooLarge:
@@ -46,7 +49,7 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        limit = self._limit
+        limit = access_of(scope.get("state", {})).max_body_bytes or self._limit
         declared = Headers(scope=scope).get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             request_id = scope.get("state", {}).get("request_id")

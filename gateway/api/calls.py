@@ -17,7 +17,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.api.body import read_body
 from gateway.errors import GatewayError, MethodNotAllowed, error_response
-from gateway.keys.identity import access_of
+from gateway.keys.identity import access_of, identity_of
 from gateway.pipeline import Pipeline, RequestContext
 from gateway.policy import Endpoint
 from gateway.responses.service import ResponsesService
@@ -51,12 +51,12 @@ class ApiCalls:
             if scope["method"] != "POST":
                 raise MethodNotAllowed(f"Method {scope['method']} is not allowed on {path}.")
             request = Request(scope, receive)
-            body = await read_body(request, self._limit)
-            app_state = scope["app"].state
             access = access_of(state)  # the caller's tenant (gateway/auth.py)
+            body = await read_body(request, access.max_body_bytes or self._limit)
+            app_state = scope["app"].state
             if endpoint is None:
                 responses: ResponsesService = app_state.responses
-                response = await responses.create(body, record, access)
+                response = await responses.create(body, record, access, identity_of(state))
             else:
                 pipeline: Pipeline = app_state.pipeline
                 headers = request.headers
@@ -67,6 +67,7 @@ class ApiCalls:
                     task=headers.get("x-task") or None,
                     record=record,
                     access=access,
+                    identity=identity_of(state),
                 )
                 response = await pipeline.handle(endpoint, body, context)
         except GatewayError as exc:

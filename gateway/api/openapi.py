@@ -20,6 +20,8 @@ from typing import Any
 from fastapi import APIRouter
 from starlette.responses import JSONResponse
 
+from gateway.api import openapi_admin
+
 _JSON = "application/json"
 _SSE = "text/event-stream"
 
@@ -32,20 +34,45 @@ def _json_body(schema: dict[str, Any]) -> dict[str, Any]:
     return {"content": {_JSON: {"schema": schema}}}
 
 
+def _header(description: str, kind: str = "string") -> dict[str, Any]:
+    return {"description": description, "schema": {"type": kind}}
+
+
+# On every 429; the x-ratelimit-* ones (OpenAI's) when a rate limit applies (gateway/quota/),
+# and then on admitted answers too.
+_RATE_LIMIT_HEADERS = {
+    "Retry-After": _header("Whole seconds to wait, at least 1.", "integer"),
+    "x-ratelimit-limit-requests": _header("Requests per minute allowed.", "integer"),
+    "x-ratelimit-remaining-requests": _header("Requests left now.", "integer"),
+    "x-ratelimit-reset-requests": _header("Until the request limit is full again, e.g. 6s."),
+    "x-ratelimit-limit-tokens": _header("Tokens per minute allowed.", "integer"),
+    "x-ratelimit-remaining-tokens": _header("Tokens left now.", "integer"),
+    "x-ratelimit-reset-tokens": _header("Until the token limit is full again, e.g. 6m0s."),
+}
+
+
 def _errors(*statuses: int) -> dict[str, Any]:
     reasons = {
         400: "The request is malformed or over a policy limit (`error.param` names the field).",
         401: "No valid API key (when the policy sets `auth.keys_file`).",
+        403: "The key's roles do not allow this (deciding an approval needs `approver`).",
         404: "Unknown model, session, response or route.",
-        413: "The body is larger than `limits.max_body_bytes`.",
+        409: "The approval was decided already, or expired.",
+        413: "The body is larger than `limits.max_body_bytes` (or the tenant's own).",
         422: "The engine refused the request (its own 4xx is passed on).",
-        429: "Every replica is at capacity; `Retry-After` says when to try again.",
+        429: "Every replica is at capacity (`overloaded`), a rate limit is reached "
+        "(`rate_limit_exceeded`), or the tenant's budget is spent (type `insufficient_quota`, "
+        "code `budget_exceeded`); `Retry-After` says when to try again.",
         502: "The engine failed or its answer failed the request's checks.",
         503: "No healthy replica, or the state store is unreachable.",
         504: "The engine did not answer in time.",
     }
     return {
-        str(status): {"description": reasons[status], **_json_body(_ref("Error"))}
+        str(status): {
+            "description": reasons[status],
+            **({"headers": _RATE_LIMIT_HEADERS} if status == 429 else {}),
+            **_json_body(_ref("Error")),
+        }
         for status in statuses
     }
 
@@ -557,6 +584,7 @@ def _paths() -> dict[str, Any]:
             statuses = (*_READ_ERRORS, 413) if "requestBody" in operation else _READ_ERRORS
             operation["responses"].update(_errors(*statuses))
     paths.update(_open_routes())
+    paths.update(_approval_routes())
     return paths
 
 
@@ -601,10 +629,14 @@ def openapi_document() -> dict[str, Any]:
         },
         "servers": [{"url": "/"}],
         "security": [{"bearer": []}],
-        "paths": _paths(),
+        # The admin API (gateway/api/openapi_admin.py): its routes, schemas and own scheme.
+        "paths": {**_paths(), **openapi_admin.paths(_path_id, _SESSION_PATTERN)},
         "components": {
-            "schemas": _SCHEMAS,
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "schemas": {**_SCHEMAS, **openapi_admin.SCHEMAS},
+            "securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer"},
+                openapi_admin.SCHEME: openapi_admin.SECURITY_SCHEME,
+            },
         },
     }
 
@@ -618,3 +650,83 @@ def build_openapi_router() -> APIRouter:
         return JSONResponse(document)
 
     return router
+
+
+_APPROVAL = {
+    "type": "object",
+    "description": "A held tool call (gateway/approvals/): the calls as the engine made "
+    "them, the decision, and what happened, in `history`.",
+    "required": ["id", "object", "status", "tool_calls", "created_at", "expires_at", "history"],
+    "properties": {
+        "id": {"type": "string", "pattern": "^apr_[0-9a-f]{24}$"},
+        "object": {"const": "approval"},
+        "status": {"enum": ["pending", "approved", "denied", "expired", "released"]},
+        "model": {"type": "string"},
+        "session_id": {"type": ["string", "null"]},
+        "request_id": {"type": "string"},
+        "trace_id": {"type": "string"},
+        "tools": {"type": "array", "items": {"type": "string"}},
+        "tool_calls": {"type": "array", "items": {"type": "object"}},
+        "content": {"type": ["string", "null"]},
+        "created_at": {"type": "number"},
+        "expires_at": {"type": "number"},
+        "decided_by": {"type": ["string", "null"], "description": "The approver's key id."},
+        "decided_at": {"type": ["number", "null"]},
+        "reason": {"type": ["string", "null"]},
+        "history": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["event", "at"],
+                "properties": {"event": {"type": "string"}, "at": {"type": "number"}},
+            },
+        },
+    },
+}
+
+
+def _approval_routes() -> dict[str, Any]:
+    """Held tool calls and their decisions (gateway/api/approvals.py)."""
+    approval_id = _path_id("approval_id", "The id a held call was answered with.")
+    listing = {
+        "type": "object",
+        "required": ["object", "data"],
+        "properties": {"object": {"const": "list"}, "data": {"type": "array", "items": _APPROVAL}},
+    }
+    query = [
+        {
+            "name": "status",
+            "in": "query",
+            "required": False,
+            "schema": {"enum": ["pending", "approved", "denied", "expired", "released"]},
+        },
+        {
+            "name": "limit",
+            "in": "query",
+            "required": False,
+            "schema": {"type": "integer", "minimum": 1, "maximum": 100},
+        },
+    ]
+    decision = {
+        "type": "object",
+        "required": ["decision"],
+        "properties": {
+            "decision": {"enum": ["approve", "deny"]},
+            "reason": {"type": ["string", "null"], "maxLength": 1000},
+        },
+    }
+    decided = {"description": "Decided", **_json_body(_APPROVAL)}
+    decide = {
+        "summary": "Approve or deny a held tool call (a key with the `approver` role)",
+        "parameters": [approval_id],
+        "requestBody": {"required": True, **_json_body(decision)},
+        "responses": {"200": decided, **_errors(400, 401, 403, 404, 409, 413, 503)},
+    }
+    listed = _get("The tenant's approvals, newest first", listing, parameters=query)
+    listed["responses"].update(_errors(400, 401, 503))
+    one = _get("An approval, with its history", _APPROVAL, parameters=[approval_id])
+    one["responses"].update(_errors(*_READ_ERRORS))
+    return {
+        "/v1/approvals": {"get": listed},
+        "/v1/approvals/{approval_id}": {"get": one, "post": decide},
+    }

@@ -10,6 +10,7 @@ import datetime as dt
 import sys
 
 from gateway.policy import Policy
+from gateway.policy.quota import RateLimitSpec
 
 
 class KeysCommandError(Exception):
@@ -53,7 +54,9 @@ async def _run(policy: Policy, args: argparse.Namespace) -> int:
                     "the gateway would not check the key"
                 )
             roles = ["user", *(args.role or [])]
-            key, record = await keys.create(tenant or "", name=args.name, roles=roles)
+            key, record = await keys.create(
+                tenant or "", name=args.name, roles=roles, rate_limits=_rate_limits(args)
+            )
             print(key)
             print(
                 f"created key {record.key_id} for tenant {record.tenant} "
@@ -65,7 +68,8 @@ async def _run(policy: Policy, args: argparse.Namespace) -> int:
                 created = dt.datetime.fromtimestamp(record.created_at, dt.UTC)
                 print(
                     f"{record.key_id}  {record.tenant}  {','.join(record.roles)}  "
-                    f"{created:%Y-%m-%dT%H:%M:%SZ}  {record.name}"
+                    f"{created:%Y-%m-%dT%H:%M:%SZ}  {_limits_text(record.rate_limits)}  "
+                    f"{record.name}"
                 )
         else:
             revoked = await keys.revoke(args.key_id)
@@ -75,6 +79,34 @@ async def _run(policy: Policy, args: argparse.Namespace) -> int:
     finally:
         await store.close()
     return 0
+
+
+def _rate_limits(args: argparse.Namespace) -> RateLimitSpec | None:
+    """The key's own limits from --rpm/--tpm (None: its tenant's key_rate_limits)."""
+    if args.rpm is None and args.tpm is None:
+        return None
+    return RateLimitSpec(requests_per_minute=args.rpm, tokens_per_minute=args.tpm)
+
+
+def _limits_text(limits: RateLimitSpec | None) -> str:
+    if limits is None:
+        return "tenant-limits"
+    parts = [
+        f"{value}{unit}"
+        for value, unit in (
+            (limits.requests_per_minute, "rpm"),
+            (limits.tokens_per_minute, "tpm"),
+        )
+        if value is not None
+    ]
+    return ",".join(parts)
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be a whole number of at least 1")
+    return value
 
 
 def add_keys_parser(
@@ -94,6 +126,13 @@ def add_keys_parser(
     create.add_argument(
         "--role", action="append", choices=["approver"], help="an extra role (repeatable)"
     )
+    create.add_argument(
+        "--rpm",
+        type=_positive,
+        help="this key's requests per minute (its own rate limits replace the tenant's "
+        "key_rate_limits)",
+    )
+    create.add_argument("--tpm", type=_positive, help="this key's tokens per minute")
     listing = commands.add_parser("list", parents=[policy], help="a tenant's keys, no secrets")
     listing.add_argument("--tenant", required=True)
     revoke = commands.add_parser("revoke", parents=[policy], help="revoke a key by its id")

@@ -9,6 +9,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.policy.quota import RateLimitSpec
 from gateway.sessions.keys import DEFAULT_TENANT
 
 KEY_PREFIX = "sk-agw-"
@@ -23,6 +24,8 @@ class Identity:
     key_id: str
     tenant: str = DEFAULT_TENANT
     roles: frozenset[str] = USER
+    # The key's own rate limits (gateway/quota/); None: its tenant's key_rate_limits.
+    rate_limits: RateLimitSpec | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +36,8 @@ class TenantAccess:
     models: frozenset[str] | None = None
     # May this tenant's prompts and answers go on spans (when telemetry captures content)?
     capture_content: bool = True
+    # The tenant's own `limits.max_body_bytes`; None: the policy's (read before the body).
+    max_body_bytes: int | None = None
 
     def allows(self, alias: str) -> bool:
         return self.models is None or alias in self.models
@@ -49,6 +54,12 @@ def access_of(state: Mapping[str, Any]) -> TenantAccess:
     """The caller's tenant, from the ASGI scope's state (`scope["state"]`)."""
     access = state.get("tenant")
     return access if isinstance(access, TenantAccess) else OPEN_ACCESS
+
+
+def identity_of(state: Mapping[str, Any]) -> Identity | None:
+    """The caller's key, from the ASGI scope's state; None when authentication is off."""
+    identity = state.get("identity")
+    return identity if isinstance(identity, Identity) else None
 
 
 def digest_of(token: bytes) -> bytes:

@@ -2,9 +2,10 @@
 so every gateway replica accepts them at once; only the key's SHA-256 is stored.
 
 Layout (gateway/redis_keys.py): one hash per key, found by its digest, holding tenant,
-name, roles and created_at; an index key id -> digest (for revoke) and a set of key ids
-per tenant (for list). The key's record is written last and deleted first, so a key works
-only while its record exists whatever happens between the commands.
+name, roles, created_at and the key's own rate limits if it has any; an index key id ->
+digest (for revoke) and a set of key ids per tenant (for list). The key's record is
+written last and deleted first, so a key works only while its record exists whatever
+happens between the commands.
 
 `CachedKeys` keeps each answer (found or not) in process for `ttl_s`, so most requests
 cost no Redis round trip; a revoked key therefore keeps working on a replica that saw it
@@ -20,8 +21,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
+from pydantic import ValidationError
 
 from gateway.keys.identity import Identity, key_id_of, new_key
+from gateway.policy.quota import RateLimitSpec
 from gateway.redis_client import RedisClient
 from gateway.redis_keys import API_KEY_IDS_KEY, api_key_key, tenant_keys_key
 from gateway.sessions.store import StateUnavailable
@@ -38,9 +41,10 @@ class KeyRecord:
     name: str
     roles: tuple[str, ...]
     created_at: int
+    rate_limits: RateLimitSpec | None = None  # its own, in place of its tenant's default
 
     def identity(self) -> Identity:
-        return Identity(self.key_id, self.tenant, frozenset(self.roles))
+        return Identity(self.key_id, self.tenant, frozenset(self.roles), self.rate_limits)
 
     def public(self) -> dict[str, Any]:
         return {
@@ -50,6 +54,10 @@ class KeyRecord:
             "name": self.name,
             "roles": list(self.roles),
             "created_at": self.created_at,
+            # Its own limits (null: its tenant's `key_rate_limits`).
+            "rate_limits": self.rate_limits.model_dump(exclude_none=True)
+            if self.rate_limits
+            else None,
         }
 
 
@@ -66,9 +74,22 @@ def _record(fields: dict[Any, Any]) -> KeyRecord | None:
             name=data.get("name", ""),
             roles=tuple(r for r in data.get("roles", "user").split(",") if r),
             created_at=int(data.get("created_at", "0")),
+            rate_limits=_rate_limits(data),
         )
     except (KeyError, ValueError):
         return None  # a record this code did not write: no key
+
+
+def _rate_limits(data: dict[str, str]) -> RateLimitSpec | None:
+    """A key's own limits, kept as the fields `requests_per_minute`, `tokens_per_minute`."""
+    limits = {name: int(data[name]) for name in _RATE_FIELDS if data.get(name)}
+    try:
+        return RateLimitSpec(**limits) if limits else None
+    except ValidationError:
+        raise ValueError("invalid rate limits") from None
+
+
+_RATE_FIELDS = ("requests_per_minute", "tokens_per_minute")
 
 
 def _unavailable(exc: Exception) -> StateUnavailable:
@@ -81,7 +102,12 @@ class RedisKeys:
         self._clock = clock
 
     async def create(
-        self, tenant: str, *, name: str = "", roles: Iterable[str] = ("user",)
+        self,
+        tenant: str,
+        *,
+        name: str = "",
+        roles: Iterable[str] = ("user",),
+        rate_limits: RateLimitSpec | None = None,
     ) -> tuple[str, KeyRecord]:
         """A new key for `tenant`: the key (shown once, never stored) and its record."""
         wanted = tuple(dict.fromkeys(roles)) or ("user",)
@@ -96,7 +122,8 @@ class RedisKeys:
                     break
             else:
                 raise RuntimeError("no free key id after 5 tries")
-            record = KeyRecord(key_id, tenant, name, wanted, int(self._clock()))
+            record = KeyRecord(key_id, tenant, name, wanted, int(self._clock()), rate_limits)
+            limits = rate_limits.model_dump(exclude_none=True) if rate_limits else {}
             await self._redis.sadd(tenant_keys_key(tenant), key_id)
             await self._redis.hset(
                 api_key_key(digest.hex()),
@@ -106,6 +133,7 @@ class RedisKeys:
                     "name": name,
                     "roles": ",".join(wanted),
                     "created_at": str(record.created_at),
+                    **{field: str(value) for field, value in limits.items()},
                 },
             )
         except (aioredis.RedisError, OSError) as exc:

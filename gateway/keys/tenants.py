@@ -4,7 +4,9 @@ request) and what each may do.
 Keys of `auth.keys_file` belong to the tenant `default`; `default` may be listed under
 `tenants` for its settings, and when it is not it may use every model and its content
 is captured as `telemetry.traces.capture_content` says. A listed tenant's content is
-captured only when it opts in (`capture_content: true`).
+captured only when it opts in (`capture_content: true`). A tenant's own body-size limit
+rides on its `TenantAccess`, because the body is read before the pipeline runs; its other
+settings are merged per policy in gateway/keys/settings.py.
 """
 
 from __future__ import annotations
@@ -23,12 +25,15 @@ class Tenants:
                 name,
                 frozenset(spec.models) if spec.models is not None else None,
                 spec.capture_content,
+                spec.limits.max_body_bytes if spec.limits is not None else None,
             )
             for name, spec in policy.tenants.items()
         }
         self._access.setdefault(DEFAULT_TENANT, TenantAccess(DEFAULT_TENANT))
         self._static = {
-            bytes.fromhex(key.sha256): Identity(key.sha256[:12], name, frozenset(key.roles))
+            bytes.fromhex(key.sha256): Identity(
+                key.sha256[:12], name, frozenset(key.roles), key.rate_limits
+            )
             for name, spec in policy.tenants.items()
             for key in spec.keys
         }

@@ -16,7 +16,10 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from gateway.policy.approvals import approval_references
+from gateway.policy.quota import budget_problems
 from gateway.policy.schema import Policy
+from gateway.policy.tenant_checks import tenant_setting_problems
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
@@ -84,6 +87,11 @@ def parse_policy(text: str, *, source: str = "<policy>", base_dir: Path | None =
             PolicyProblem(_dotted(err["loc"]), _explain(err), lines.of(err["loc"]))
             for err in exc.errors()
         ]
+    if not problems:  # tenants' settings against the rest, once every reference holds
+        problems = [
+            PolicyProblem(_dotted(loc), message, lines.of(loc))
+            for loc, message in tenant_setting_problems(policy)
+        ]
     if problems:
         raise PolicyError(source, sorted(problems, key=lambda p: (p.line or 0, p.path)))
     return _resolve_paths(policy, base_dir) if base_dir else policy
@@ -140,6 +148,10 @@ def _reference_problems(data: dict[str, Any], lines: _LineIndex) -> list[PolicyP
                 message = f"pool {pool!r} is not defined (expected one of: {defined})"
                 problems.append(PolicyProblem(_dotted(loc), message, lines.of(loc)))
     problems += _tenant_problems(data, models, lines)
+    problems += [  # approvals naming undefined models or tenants (gateway/policy/approvals.py)
+        PolicyProblem(_dotted(loc), message, lines.of(loc))
+        for loc, message in approval_references(data)
+    ]
     for name, pool in pools.items():
         sources = ("replicas", "engine_state", "discover")
         if isinstance(pool, dict) and not any(pool.get(source) for source in sources):
@@ -152,8 +164,8 @@ def _reference_problems(data: dict[str, Any], lines: _LineIndex) -> list[PolicyP
 def _tenant_problems(
     data: dict[str, Any], models: dict[Any, Any], lines: _LineIndex
 ) -> list[PolicyProblem]:
-    """A tenant allowed a model alias that is not defined; one key digest listed twice
-    (it could name only one tenant)."""
+    """A tenant allowed a model alias that is not defined, or a budget downgrading to one
+    it may not use; one key digest listed twice (it could name only one tenant)."""
     problems: list[PolicyProblem] = []
     raw_tenants = data.get("tenants")
     tenants: dict[Any, Any] = raw_tenants if isinstance(raw_tenants, dict) else {}
@@ -168,6 +180,9 @@ def _tenant_problems(
                 loc: tuple[str | int, ...] = ("tenants", str(name), "models", i)
                 message = f"model {alias!r} is not defined (expected one of: {known})"
                 problems.append(PolicyProblem(_dotted(loc), message, lines.of(loc)))
+        for where, message in budget_problems(tenant, models):  # the budget's downgrade_to
+            loc = ("tenants", str(name), *where)
+            problems.append(PolicyProblem(_dotted(loc), message, lines.of(loc)))
         keys = tenant.get("keys")
         for i, key in enumerate(keys if isinstance(keys, list) else ()):
             digest = key.get("sha256") if isinstance(key, dict) else None

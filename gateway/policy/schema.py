@@ -14,9 +14,12 @@ from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, Field, model_validator
 
+from gateway.policy.approvals import ApprovalsSpec
 from gateway.policy.base import Name, Strict
+from gateway.policy.quota import BudgetSpec, QuotaSpec, RateLimitSpec
 from gateway.policy.resilience import ResilienceSpec
 from gateway.policy.telemetry import PriceSpec, TelemetrySpec
+from gateway.policy.tenant_overrides import LimitsOverride, TrimmingOverride
 from gateway.policy.tiering import TieringSpec
 from gateway.policy.volatile_presets import PRESETS
 
@@ -359,6 +362,9 @@ class StaticKeySpec(Strict):
     roles: tuple[KeyRole, ...] = Field(
         ("user",), description="`user` calls /v1; `approver` may also decide approvals."
     )
+    rate_limits: RateLimitSpec | None = Field(
+        None, description="This key's own limits, in place of its tenant's key_rate_limits."
+    )
 
 
 class AdminKeySpec(Strict):
@@ -379,6 +385,34 @@ class TenantSpec(Strict):
         False,
         description="Prompts and answers of this tenant's requests go on sampled spans "
         "(with `telemetry.traces.capture_content` on); off: never captured.",
+    )
+    # -- per-tenant settings over the top-level sections (gateway/policy/tenant_overrides.py)
+    tiers: tuple[Name, ...] | None = Field(
+        None,
+        description="The tiers this tenant may be served on: a fixed model's pool tier must "
+        "be one; a routable model's chosen tier moves to the most capable allowed tier "
+        "below it, else the cheapest above. Unset: all.",
+    )
+    limits: LimitsOverride | None = Field(
+        None, description="Fields of `limits` for this tenant (lower or higher)."
+    )
+    trimming: TrimmingOverride | None = Field(
+        None, description="`enabled` and the watermarks of `trimming` for this tenant."
+    )
+    fallbacks: dict[Name, tuple[Name, ...]] = Field(
+        default_factory=dict,
+        description="Model alias -> its fallbacks for this tenant, replacing the model's "
+        "own (`[]`: none). A model's own fallbacks this tenant may not use are skipped.",
+    )
+    # -- end of per-tenant settings
+    rate_limits: RateLimitSpec | None = Field(
+        None, description="Limits of the whole tenant, all its keys together (gateway/quota/)."
+    )
+    key_rate_limits: RateLimitSpec | None = Field(
+        None, description="Limits of each key of the tenant, unless the key has its own."
+    )
+    budget: BudgetSpec | None = Field(
+        None, description="Tokens or dollars per UTC day and month (gateway/quota/)."
     )
 
 
@@ -451,6 +485,8 @@ class Policy(Strict):
     resilience: ResilienceSpec = ResilienceSpec()
     telemetry: TelemetrySpec = TelemetrySpec()
     canonicalize: CanonicalizeSpec = CanonicalizeSpec()
+    quota: QuotaSpec = QuotaSpec()
+    approvals: ApprovalsSpec = ApprovalsSpec()
     pools: dict[Name, PoolSpec] = Field(min_length=1)
     models: dict[Name, ModelSpec] = Field(min_length=1)
     tiering: dict[Name, TieringSpec] = Field(

@@ -21,7 +21,8 @@ from starlette.responses import Response, StreamingResponse
 
 from gateway.errors import InvalidRequest, NotFound
 from gateway.inbound import check_array_length, check_depth, check_max_tokens, json_object
-from gateway.keys.identity import OPEN_ACCESS, TenantAccess
+from gateway.keys.identity import OPEN_ACCESS, Identity, TenantAccess
+from gateway.keys.settings import TenantPolicies
 from gateway.pipeline import Pipeline, RequestContext
 from gateway.policy import Endpoint
 from gateway.policy.schema import LimitsSpec
@@ -47,20 +48,27 @@ class ResponsesService:
         checkpoints: CheckpointStore,
         records: ResponseRecords,
         *,
-        limits: LimitsSpec | None = None,
+        tenants: TenantPolicies | None = None,
     ) -> None:
+        """`tenants`: each tenant's limits (gateway/keys/settings.py); unset: the
+        pipeline's."""
         self._pipeline = pipeline
         self._checkpoints = checkpoints
         self._records = records
-        self._limits = limits or LimitsSpec()
+        self._tenants = tenants or pipeline.tenants
 
     async def create(
-        self, raw: bytes, record: RequestRecord, access: TenantAccess = OPEN_ACCESS
+        self,
+        raw: bytes,
+        record: RequestRecord,
+        access: TenantAccess = OPEN_ACCESS,
+        identity: Identity | None = None,
     ) -> Response:
         """`access`: the caller's tenant; its responses and sessions are the only ones it
-        can continue (another tenant's `previous_response_id` is 404)."""
+        can continue (another tenant's `previous_response_id` is 404). `identity`: the
+        caller's key (its rate limits)."""
         tenant = access.name
-        request = _parse(raw, self._limits)
+        request = _parse(raw, self._tenants.of(tenant).limits)
         response_id = f"resp_{uuid.uuid4().hex}"
         created_at = int(time.time())
         store = request.get("store", True) is not False
@@ -79,6 +87,7 @@ class ResponsesService:
             session=(session or SessionRef(tenant, response_id)) if store else None,
             record=record,
             access=access,
+            identity=identity,
         )
         reply = await self._pipeline.handle(Endpoint.chat, orjson.dumps(body), context)
         record_base = {

@@ -10,6 +10,7 @@ that failed, which leaves the previous checkpoint as it was.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -54,9 +55,20 @@ class Turn:
 
 
 class SessionTurns:
-    def __init__(self, store: CheckpointStore, trimmer: Trimmer | None = None) -> None:
+    def __init__(
+        self,
+        store: CheckpointStore,
+        trimmer: Trimmer | None = None,
+        tenant_trimmers: Mapping[str, Trimmer | None] | None = None,
+    ) -> None:
+        """`tenant_trimmers`: the tenants whose trimming differs from `trimmer`'s (off:
+        None), by name (gateway/trimming/tenants.py)."""
         self.store = store
         self.trimmer = trimmer
+        self._tenant_trimmers = tenant_trimmers or {}
+
+    def trimmer_of(self, tenant: str) -> Trimmer | None:
+        return self._tenant_trimmers.get(tenant, self.trimmer)
 
     async def begin(
         self, session: SessionRef, mode: ContextMode, body: dict[str, Any]
@@ -72,11 +84,12 @@ class SessionTurns:
             added, rewrite = new_messages(stored, sent)
             conversation = added if rewrite else [*stored, *added]
             turn = Turn(session, mode, prior, added, rewrite, conversation)
-        if self.trimmer is None:
+        trimmer = self.trimmer_of(session.tenant)
+        if trimmer is None:
             return turn, body
         # A rewritten history invalidates the old boundary: compaction starts afresh.
         boundary = prior[-1].trim_boundary if prior and not turn.rewrite else 0
-        trimmed = self.trimmer.trim(list(body["messages"]), boundary)
+        trimmed = trimmer.trim(list(body["messages"]), boundary)
         return replace(turn, trimmed=trimmed), {**body, "messages": trimmed.messages}
 
     async def commit(
@@ -116,11 +129,12 @@ class SessionTurns:
     def _changed_entities(self, turn: Turn, reply: Message | None) -> dict[str, Any]:
         """Declared entities whose state this turn's messages set, materialised; the
         earlier turns' checkpoints hold the rest (`materialised_entities` folds them)."""
-        if self.trimmer is None or not self.trimmer.spec.state_tools:
+        trimmer = self.trimmer_of(turn.session.tenant)
+        if trimmer is None or not trimmer.spec.state_tools:
             return {}
         after = [*turn.conversation, reply] if reply is not None else turn.conversation
         old = materialised_entities(turn.prior)
-        new = latest_states(after, self.trimmer.spec.state_tools)
+        new = latest_states(after, trimmer.spec.state_tools)
         return {entity: state for entity, state in new.items() if old.get(entity) != state}
 
 

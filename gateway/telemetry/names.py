@@ -62,3 +62,8 @@ SESSION_TURN = "gateway.session.turn"
 DEGRADED = "gateway.degraded"
 COST_USD = "gateway.cost_usd"
 OVERHEAD_MS = "gateway.overhead_ms"
+
+# Human approval of tool calls (gateway/approvals/): on the request's `approval` span.
+APPROVAL_ID = "gateway.approval.id"
+APPROVAL_EVENT = "gateway.approval.event"  # held, pending, released, denied, expired
+APPROVAL_TOOLS = "gateway.approval.tools"

@@ -12,7 +12,7 @@ import random
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from gateway.inbound import InboundRequest
 from gateway.sessions.keys import DEFAULT_TENANT
@@ -156,6 +156,16 @@ def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+class QuotaCharge(Protocol):
+    """What an admitted request was charged against its limits (gateway/quota/)."""
+
+    headers: dict[str, str]  # sent with its answer by the edge (middleware.py)
+
+    async def settle(self, record: RequestRecord) -> None:
+        """Called once, after the response's last byte: the charge becomes the actual."""
+        ...
+
+
 class RequestRecord:
     """Facts about one request, filled in by the stages that know them."""
 
@@ -210,6 +220,8 @@ class RequestRecord:
         # capturing content and the trace is sampled.
         self.capture = False
         self.input_messages: Any = None
+        # Set when rate limits or a budget applied: settled by the edge (middleware.py).
+        self.quota: QuotaCharge | None = None
 
     @classmethod
     def detached(cls) -> RequestRecord:

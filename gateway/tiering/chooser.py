@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from gateway.errors import ModelNotFound
 from gateway.policy import Endpoint, Policy
+from gateway.policy.tenant_overrides import TierClamps
 from gateway.policy.tiering import TieringSpec
 from gateway.replicas import Fleet, Pool, Replica
 from gateway.routing.costs import RouteRequest
@@ -121,7 +122,10 @@ class TierChooser:
         route_request: RouteRequest,
         *,
         task: str | None = None,
+        clamps: TierClamps | None = None,
     ) -> TierChoice:
+        """`clamps`: the tiers the caller's tenant may not use, per routable alias, and
+        where such a choice goes instead (gateway/policy/tenant_overrides.py)."""
         route = self._routes.get(alias)
         if route is None:
             pool = self._fleet.pool_for(alias, endpoint)
@@ -129,10 +133,16 @@ class TierChooser:
         spec = route.spec
         checks = checks_for(spec.guardrails, body) if endpoint is Endpoint.chat else None
         tier, reason, by = await self._tier(route, body, route_request, task, checks)
+        highest = spec.highest
+        clamp = clamps.get(alias) if clamps else None
+        if clamp is not None:
+            highest = clamp.get(highest, highest)
+            if tier in clamp:
+                tier, reason = clamp[tier], f"{reason}; tier {tier} not allowed for the tenant"
         cascade = spec.cascade
         escalate_to = None
-        if checks is not None and cascade.on_fail == "escalate" and tier != spec.highest:
-            escalate_to = spec.highest
+        if checks is not None and cascade.on_fail == "escalate" and tier != highest:
+            escalate_to = highest
         return TierChoice(
             route.pools[tier],
             tier,

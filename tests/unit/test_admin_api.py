@@ -120,6 +120,29 @@ def test_keys_are_only_made_for_tenants_of_the_policy(admin: Admin) -> None:
         assert answer.status_code == 400, body
 
 
+def test_a_key_created_with_its_own_rate_limit_is_held_to_it(admin: Admin) -> None:
+    created = admin.client.post(
+        "/admin/keys",
+        json={"tenant": admin.b.name, "rate_limits": {"requests_per_minute": 2}},
+        headers=ADMIN,
+    )
+    assert created.status_code == 201, created.text
+    assert created.json()["rate_limits"] == {"requests_per_minute": 2}
+    answers = [
+        admin.client.post("/v1/chat/completions", json=CHAT, headers=bearer(created.json()["key"]))
+        for _ in range(3)
+    ]
+    assert [a.status_code for a in answers] == [200, 200, 429]
+    assert answers[1].headers["x-ratelimit-remaining-requests"] == "0"
+    assert answers[2].json()["error"]["code"] == "rate_limit_exceeded"
+    for limits in ({}, {"requests_per_minute": 0}, {"rpm": 5}, "60"):
+        refused = admin.client.post(
+            "/admin/keys", json={"tenant": admin.b.name, "rate_limits": limits}, headers=ADMIN
+        )
+        assert refused.status_code == 400, limits
+        assert refused.json()["error"]["param"].startswith("rate_limits"), refused.text
+
+
 def test_sessions_are_inspected_across_tenants(admin: Admin) -> None:
     session = f"s-{uuid.uuid4().hex}"
     answer = admin.client.post(

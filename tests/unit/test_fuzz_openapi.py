@@ -8,12 +8,16 @@ Bounded and repeatable: a fixed number of examples per operation, derandomised, 
 example database, so every run sends the same requests and takes a few seconds. Requests
 are sent through the app's own TestClient (whose lifespan owns the Redis connections)
 rather than schemathesis' ASGI transport, which would start a second lifespan per call.
+
+The admin API is fuzzed too, with an admin key (and a policy file, so a reload has
+something to check): keys are made for a tenant of the test's own, deleted afterwards.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -38,16 +42,21 @@ from gateway.api.calls import _ENDPOINTS, _RESPONSES
 from gateway.api.openapi import openapi_document
 from gateway.app import create_app
 from gateway.policy import parse_policy
+from gateway.policy.reloadable import load_policy_file
 from gateway.state_store import StateStore
 from tests.fakes import Call, FakeUpstream, Scripted
 from tests.openapi_contract import violations
+from tests.unit.tenant_gateway import forget_tenants, sha256
 
 KEY = "sk-agw-fuzz-3c9d2e71b0a4"
+ADMIN_KEY = "sk-agw-fuzz-admin-81f0c2d9e5a7"
+TENANT = f"fuzz-{uuid.uuid4().hex[:10]}"  # the keys the admin API makes are this tenant's
 EXAMPLES = 25  # per operation and generation mode: ~20 operations, a few seconds in all
 POLICY = """\
 version: 1
 state: {{redis_url: "{redis_url}"}}
-auth: {{keys_file: "{keys}"}}
+server: {{reload_interval_s: 0}}
+auth: {{keys_file: "{keys}", admin_keys: [{{sha256: {admin_digest}}}]}}
 pools:
   chat:
     served_model: served-tiny
@@ -55,6 +64,10 @@ pools:
     replicas: [{{url: "http://a.test:1"}}]
 models:
   tiny: {{pool: chat}}
+tenants:
+  {tenant}:
+    limits: {{max_messages: 64}}
+    trimming: {{enabled: true}}
 """
 CHECKS = [
     not_a_server_error,
@@ -118,6 +131,13 @@ def fuzzed_document() -> dict[str, Any]:
         if isinstance(model, dict) and "required" in schema and "model" in schema["required"]:
             model.clear()
             model["enum"] = ["tiny"]
+    # The admin API's tenant: the test's own, so generated requests reach the key store.
+    document["components"]["schemas"]["ApiKeyRequest"]["properties"]["tenant"] = {"enum": [TENANT]}
+    for path, operations in document["paths"].items():
+        for operation in operations.values() if path.startswith("/admin/") else ():
+            for parameter in operation.get("parameters", ()):
+                if parameter["name"] == "tenant":
+                    parameter["schema"] = {"enum": [TENANT]}
     return document
 
 
@@ -136,14 +156,27 @@ def _operations() -> dict[str, APIOperation[Any, Any, Any, Any]]:
 OPERATIONS = _operations()
 
 
+def policy_text(redis_url: str, keys: Path) -> str:
+    keys.write_text(f"{KEY}\n")
+    return POLICY.format(
+        redis_url=redis_url, keys=keys, admin_digest=sha256(ADMIN_KEY), tenant=TENANT
+    )
+
+
 @pytest.fixture(scope="module")
 def client(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
-    keys = tmp_path_factory.mktemp("fuzz") / "keys"
-    keys.write_text(f"{KEY}\n")
-    policy = parse_policy(POLICY.format(redis_url=redis_url, keys=keys))
-    app = create_app(policy, upstream=FakeUpstream(engine), store=StateStore(policy.state))
-    with TestClient(app, raise_server_exceptions=False) as opened:
-        yield opened
+    where = tmp_path_factory.mktemp("fuzz")
+    path = where / "policy.yaml"
+    path.write_text(policy_text(redis_url, where / "keys"))
+    policy, source = load_policy_file(path)
+    app = create_app(
+        policy, upstream=FakeUpstream(engine), store=StateStore(policy.state), policy_file=source
+    )
+    try:
+        with TestClient(app, raise_server_exceptions=False) as opened:
+            yield opened
+    finally:
+        forget_tenants(redis_url, TENANT)  # the keys the admin API was asked to make
 
 
 def send(client: TestClient, case: Case[Any]) -> Any:
@@ -152,7 +185,8 @@ def send(client: TestClient, case: Case[Any]) -> Any:
     kwargs = case.as_transport_kwargs(base_url="http://testserver")
     # The generated Authorization (negative cases make up bad ones) is replaced: every
     # request gets past the key check, which tests/unit/test_auth_keys.py covers.
-    headers = {**kwargs["headers"], "Authorization": f"Bearer {KEY}"}
+    key = ADMIN_KEY if case.path.startswith("/admin/") else KEY
+    headers = {**kwargs["headers"], "Authorization": f"Bearer {key}"}
     content = kwargs.get("data")
     if "json" in kwargs:  # stdlib json: generated integers may exceed 64 bits
         content = json.dumps(kwargs["json"]).encode()
@@ -209,9 +243,7 @@ def _template(path: str) -> str:
 def test_the_document_names_every_route_the_app_serves(redis_url: str, tmp_path: Path) -> None:
     """A route added without describing it here fails this test, so the fuzz run keeps
     covering the whole API."""
-    keys = tmp_path / "keys"
-    keys.write_text(f"{KEY}\n")
-    app = create_app(parse_policy(POLICY.format(redis_url=redis_url, keys=keys)))
+    app = create_app(parse_policy(policy_text(redis_url, tmp_path / "keys")))
     served = {(path, "POST") for path in (*_ENDPOINTS, _RESPONSES)}
     for route in _routes(app.routes):
         methods = getattr(route, "methods", None) or ()

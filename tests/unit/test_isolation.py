@@ -4,6 +4,8 @@ forgotten), never A's data; an X-Session-Id naming A's session starts B's own.""
 
 from __future__ import annotations
 
+import asyncio
+import time
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -12,9 +14,12 @@ from typing import Any
 import orjson
 import pytest
 import redis
+import redis.asyncio as aioredis
 from fastapi.routing import APIRoute
 from starlette.testclient import TestClient
 
+from gateway.approvals.records import Approval, new_approval_id
+from gateway.approvals.store import RedisApprovals
 from tests.fakes import FakeUpstream
 from tests.unit.tenant_gateway import (
     Tenant,
@@ -35,6 +40,7 @@ class World:
     b: Tenant
     session: str  # A's session: two turns, one with a tool result
     response_id: str  # A's stored response
+    approval_id: str  # A's held tool call, pending
 
 
 @pytest.fixture
@@ -60,11 +66,27 @@ def world(redis_url: str) -> Iterator[World]:
         "/v1/responses", json={"model": "tiny", "input": f"{SECRET} response"}, headers=a.headers
     )
     assert created.status_code == 200, created.text
+    approval_id = asyncio.run(held_call(redis_url, a.name, session))
     try:
-        yield World(client, fake, a, b, session, created.json()["id"])
+        yield World(client, fake, a, b, session, created.json()["id"], approval_id)
     finally:
         client.__exit__(None, None, None)
         forget_tenants(redis_url, a.name, b.name)
+
+
+async def held_call(redis_url: str, tenant: str, session: str) -> str:
+    """A pending approval of `tenant`, as the gateway stores a held call."""
+    now = time.time()
+    call = {"id": "c1", "type": "function",
+            "function": {"name": "cancel_reservation", "arguments": f'{{"note": "{SECRET}"}}'}}  # fmt: skip
+    approval = Approval(new_approval_id(), tenant, session, "r1", "0" * 32, "tiny", [call],
+                        ("cancel_reservation",), None, now, now + 600)  # fmt: skip
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        await RedisApprovals(client, keep_s=600).add(approval)
+    finally:
+        await client.aclose()
+    return approval.id
 
 
 def id_values(world: World) -> dict[str, str]:
@@ -76,6 +98,7 @@ def id_values(world: World) -> dict[str, str]:
         "turn": "1",
         "handle": "m2",  # A's tool result
         "alias": "large",  # a model only A may use
+        "approval_id": world.approval_id,
     }
 
 
@@ -117,7 +140,7 @@ def test_a_sees_its_own_ids(world: World) -> None:
 
 def test_every_endpoint_with_an_id_is_404_for_another_tenant(world: World) -> None:
     routes = id_routes(world)
-    assert {p.split("/")[2] for _, p in routes} >= {"sessions", "responses", "models"}
+    assert {p.split("/")[2] for _, p in routes} >= {"sessions", "responses", "models", "approvals"}
     for method, path in routes:
         body: dict[str, Any] | None = {} if method == "POST" else None
         answer = world.client.request(method, path, json=body, headers=world.b.headers)
@@ -128,6 +151,9 @@ def test_every_endpoint_with_an_id_is_404_for_another_tenant(world: World) -> No
     assert [c["turn"] for c in listing.json()["data"]] == [1, 2]
     kept = world.client.get(f"/v1/responses/{world.response_id}", headers=world.a.headers)
     assert kept.status_code == 200
+    held = world.client.get(f"/v1/approvals/{world.approval_id}", headers=world.a.headers)
+    assert held.json()["status"] == "pending"  # B's decision attempt was 404, not a decision
+    assert world.client.get("/v1/approvals", headers=world.b.headers).json()["data"] == []
 
 
 def test_a_foreign_previous_response_id_is_404(world: World) -> None:

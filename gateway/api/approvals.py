@@ -1,0 +1,91 @@
+"""The approvals API: a tenant's held tool calls, and deciding them; the work is in
+gateway/approvals/decisions.py.
+
+    GET  /v1/approvals?status=pending&limit=20   the tenant's approvals, newest first
+    GET  /v1/approvals/{approval_id}             one, with its history
+    POST /v1/approvals/{approval_id}             {"decision": "approve"|"deny", "reason"}
+
+Another tenant's ids are 404, as ids that never existed. Deciding needs a key with the
+`approver` role (403 otherwise); a decided or expired approval answers 409.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from fastapi import APIRouter
+from starlette.requests import Request
+from starlette.responses import Response
+
+from gateway.approvals.decisions import Approvals
+from gateway.errors import InvalidRequest
+from gateway.keys.identity import Identity, access_of
+from gateway.telemetry.record import TraceContext
+
+_LIMIT = 20
+_MAX_LIMIT = 100
+
+
+def _json(data: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(data), status_code=status, media_type="application/json")
+
+
+def _limit(value: str | None) -> int:
+    if value is None:
+        return _LIMIT
+    if not value.isdigit() or not 1 <= int(value) <= _MAX_LIMIT:
+        raise InvalidRequest(f"`limit` must be a number from 1 to {_MAX_LIMIT}.", param="limit")
+    return int(value)
+
+
+def _trace_id(request: Request) -> str | None:
+    """The caller's trace (W3C traceparent), so the decision's audit entry joins it."""
+    header = request.headers.get("traceparent")
+    if not header:
+        return None
+    trace = TraceContext.start(header, 0.0)
+    return trace.trace_id_hex if trace.parent_span_id is not None else None
+
+
+def build_approvals_router() -> APIRouter:
+    router = APIRouter()
+
+    def approvals_of(request: Request) -> Approvals:
+        found: Approvals = request.app.state.approvals
+        return found
+
+    def tenant_of(request: Request) -> str:
+        return access_of(request.scope["state"]).name
+
+    @router.get("/v1/approvals")
+    async def list_approvals(request: Request) -> Response:
+        approvals = approvals_of(request)
+        params = request.query_params
+        found = await approvals.recent(
+            tenant_of(request), params.get("status"), _limit(params.get("limit"))
+        )
+        now = approvals.clock()
+        return _json({"object": "list", "data": [a.public(now) for a in found]})
+
+    @router.get("/v1/approvals/{approval_id}")
+    async def get_approval(approval_id: str, request: Request) -> Response:
+        approvals = approvals_of(request)
+        approval = await approvals.get(tenant_of(request), approval_id)
+        return _json(approval.public(approvals.clock()))
+
+    @router.post("/v1/approvals/{approval_id}")
+    async def decide(approval_id: str, request: Request) -> Response:
+        approvals = approvals_of(request)
+        identity = request.scope["state"].get("identity")
+        decided = await approvals.decide(
+            tenant_of(request),
+            approval_id,
+            identity if isinstance(identity, Identity) else None,
+            await request.body(),
+            request_id=request.scope["state"].get("request_id"),
+            trace_id=_trace_id(request),
+        )
+        return _json(decided.public(approvals.clock()))
+
+    return router

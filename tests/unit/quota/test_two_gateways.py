@@ -1,0 +1,109 @@
+"""One tenant limit, two gateway processes, one Redis: the limit holds exactly.
+
+Two real `gateway serve` processes share the test Redis, in front of one fake engine
+process (tests/fault/fault_upstream.py: the claim here is about Redis and the limit, not
+the engine). One tenant may make 10 requests a minute; 60 requests fired at once, half at
+each gateway, after 4 taken at the first alone, get exactly 6 answers and 54 429s, each
+with the rate-limit headers. A request comes back every 6 s, far longer than the bursts
+take, so none refills during them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import uuid
+from collections.abc import Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.fault.harness import FaultUpstream, running_upstreams
+from tests.integration.conftest import Gateway, running_gateway
+from tests.unit.tenant_gateway import forget_tenants
+
+LIMIT = 10
+FIRST_ALONE = 4
+PER_GATEWAY = 30
+
+
+@pytest.fixture
+def tenant() -> tuple[str, str]:
+    return f"pair-{uuid.uuid4().hex[:10]}", f"sk-agw-test-{uuid.uuid4().hex}"
+
+
+@dataclass(frozen=True)
+class Pair:
+    gateways: tuple[Gateway, Gateway]
+    engine: FaultUpstream
+
+
+@pytest.fixture
+def pair(redis_url: str, tmp_path: Path, tenant: tuple[str, str]) -> Iterator[Pair]:
+    name, key = tenant
+    with ExitStack() as stack, running_upstreams(["engine"], tmp_path) as (engine,):
+        policy = tmp_path / "policy.yaml"
+        policy.write_text(f"""\
+version: 1
+server: {{reload_interval_s: 0}}
+state: {{redis_url: "{redis_url}"}}
+pools:
+  main: {{served_model: fault-main, replicas: [{{url: "{engine.url}"}}]}}
+models:
+  main: {{pool: main}}
+tenants:
+  {name}:
+    keys: [{{sha256: {hashlib.sha256(key.encode()).hexdigest()}}}]
+    rate_limits: {{requests_per_minute: {LIMIT}}}
+""")  # fmt: skip
+        stack.callback(forget_tenants, redis_url, name)
+        first = stack.enter_context(running_gateway(policy, tmp_path / "gateway-1.log"))
+        second = stack.enter_context(running_gateway(policy, tmp_path / "gateway-2.log"))
+        yield Pair((first, second), engine)
+
+
+async def send(gateways: list[Gateway], key: str, per_gateway: int) -> list[httpx.Response]:
+    """`per_gateway` requests at each gateway, all at once."""
+    body = {"model": "main", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
+    headers = {"Authorization": f"Bearer {key}"}
+    limits = httpx.Limits(max_connections=per_gateway * len(gateways))
+    async with httpx.AsyncClient(timeout=30, limits=limits) as client:
+        return await asyncio.gather(
+            *(
+                client.post(f"{gateway.v1}/chat/completions", json=body, headers=headers)
+                for _ in range(per_gateway)
+                for gateway in gateways
+            )
+        )
+
+
+def test_two_gateways_admit_exactly_the_limit_between_them(
+    pair: Pair, tenant: tuple[str, str]
+) -> None:
+    first, second = pair.gateways
+    # The first gateway takes part of the limit alone; then both are hit at once: what the
+    # second can admit depends on what the first took, so the count lives in Redis.
+    early = asyncio.run(send([first], tenant[1], FIRST_ALONE))
+    assert [a.status_code for a in early] == [200] * FIRST_ALONE
+    answers = asyncio.run(send([first, second], tenant[1], PER_GATEWAY))
+
+    admitted = [a for a in answers if a.status_code == 200]
+    refused = [a for a in answers if a.status_code == 429]
+    assert len(admitted) == LIMIT - FIRST_ALONE
+    assert len(refused) == 2 * PER_GATEWAY - len(admitted)
+    # each admission saw the bucket one lower: no two read the same count
+    left = sorted(int(a.headers["x-ratelimit-remaining-requests"]) for a in early + admitted)
+    assert left == list(range(LIMIT))
+    for answer in refused:
+        error = answer.json()["error"]
+        assert (error["type"], error["code"]) == ("rate_limit_error", "rate_limit_exceeded")
+        assert 1 <= int(answer.headers["retry-after"]) <= 6
+        assert answer.headers["x-ratelimit-limit-requests"] == str(LIMIT)
+        assert answer.headers["x-ratelimit-remaining-requests"] == "0"
+        assert answer.headers["x-ratelimit-reset-requests"].endswith("s")
+    both = {httpx.URL(gateway.base_url).port for gateway in (first, second)}
+    assert {a.request.url.port for a in refused} == both
+    assert pair.engine.stats()["completed"] == LIMIT  # the engine saw only what was admitted
