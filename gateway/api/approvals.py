@@ -6,7 +6,9 @@ gateway/approvals/decisions.py.
     POST /v1/approvals/{approval_id}             {"decision": "approve"|"deny", "reason"}
 
 Another tenant's ids are 404, as ids that never existed. Deciding needs a key with the
-`approver` role (403 otherwise); a decided or expired approval answers 409.
+`approver` role (403 otherwise); a decided or expired approval answers 409. Each decision,
+refused ones too, is a span continuing the caller's `traceparent`
+(gateway/telemetry/decisions.py).
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ from starlette.responses import Response
 
 from gateway.approvals.decisions import Approvals
 from gateway.errors import InvalidRequest
-from gateway.keys.identity import Identity, access_of
-from gateway.telemetry.record import TraceContext
+from gateway.keys.identity import access_of, identity_of
+from gateway.telemetry.service import Telemetry
 
 _LIMIT = 20
 _MAX_LIMIT = 100
@@ -39,16 +41,7 @@ def _limit(value: str | None) -> int:
     return int(value)
 
 
-def _trace_id(request: Request) -> str | None:
-    """The caller's trace (W3C traceparent), so the decision's audit entry joins it."""
-    header = request.headers.get("traceparent")
-    if not header:
-        return None
-    trace = TraceContext.start(header, 0.0)
-    return trace.trace_id_hex if trace.parent_span_id is not None else None
-
-
-def build_approvals_router() -> APIRouter:
+def build_approvals_router(telemetry: Telemetry) -> APIRouter:
     router = APIRouter()
 
     def approvals_of(request: Request) -> Approvals:
@@ -77,15 +70,18 @@ def build_approvals_router() -> APIRouter:
     @router.post("/v1/approvals/{approval_id}")
     async def decide(approval_id: str, request: Request) -> Response:
         approvals = approvals_of(request)
-        identity = request.scope["state"].get("identity")
-        decided = await approvals.decide(
-            tenant_of(request),
-            approval_id,
-            identity if isinstance(identity, Identity) else None,
-            await request.body(),
-            request_id=request.scope["state"].get("request_id"),
-            trace_id=_trace_id(request),
-        )
+        state = request.scope["state"]
+        identity = identity_of(state)
+        tenant = tenant_of(request)
+        with telemetry.decision(
+            request.headers.get("traceparent"),
+            tenant=tenant,
+            approval_id=approval_id,
+            by=identity.key_id if identity is not None else None,
+            request_id=state.get("request_id"),
+        ) as record:
+            body = await request.body()
+            decided = await approvals.decide(tenant, approval_id, identity, body, record)
         return _json(decided.public(approvals.clock()))
 
     return router

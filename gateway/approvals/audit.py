@@ -37,7 +37,7 @@ class AuditEvent:
     event: str
     approval: Approval
     request_id: str | None  # the request that caused it
-    trace_id: str | None  # its trace (a decision: the caller's traceparent, when sent)
+    trace_id: str | None  # its trace (a decision: its span's, the caller's when it sent one)
     by: str | None = None  # the approver's key id
     reason: str | None = None
 

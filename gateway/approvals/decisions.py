@@ -5,7 +5,9 @@ the approval exists in the caller's tenant (else 404, as for an id that never ex
 the caller's key has the `approver` role (else 403 permission_denied), the body says
 `approve` or `deny` (else 400), the approval is still pending (else 409:
 approval_expired, or approval_already_decided). Who decided (the key id) and when are
-recorded with the decision, in the audit trail too.
+recorded with the decision, in the audit trail too. What `decide` learns goes into the
+decision's telemetry record (gateway/telemetry/decisions.py), whose trace id is the one
+in the audit entry: the span and the entry name the same trace.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from gateway.approvals.store import RedisApprovals
 from gateway.errors import Conflict, InvalidRequest, NotFound, PermissionDenied
 from gateway.inbound import json_object
 from gateway.keys.identity import Identity
+from gateway.telemetry.decisions import DecisionRecord
 
 APPROVER = "approver"
 _VERDICTS: dict[str, Verdict] = {"approve": "approved", "deny": "denied"}
@@ -59,17 +62,19 @@ class Approvals:
         approval_id: str,
         identity: Identity | None,
         raw_body: bytes,
-        *,
-        request_id: str | None,
-        trace_id: str | None,
+        record: DecisionRecord,
     ) -> Approval:
+        """`record`: the decision's telemetry, filled in here; its request id and trace id
+        go into the audit entry."""
         approval = await self.get(tenant, approval_id)
+        record.found(approval.guarded, approval.trace_id, approval.span_id)
         if identity is None or APPROVER not in identity.roles:
             raise PermissionDenied(
                 "Deciding an approval needs an API key with the `approver` role."
             )
         verdict, reason = _decision_of(raw_body)
-        approval = await self.expire_if_due(approval, request_id)
+        request_id, trace_id = record.request_id, record.trace_id_hex
+        approval = await self.expire_if_due(approval, request_id, trace_id)
         if approval.decision is not None:
             if approval.decision.verdict == "expired":
                 raise Conflict(
@@ -82,15 +87,16 @@ class Approvals:
             )
         decision = Decision(verdict, self.clock(), identity.key_id, reason, request_id)
         if not await self.store.decide(approval, decision):  # another reviewer was first
-            return await self.decide(
-                tenant, approval_id, identity, raw_body, request_id=request_id, trace_id=trace_id
-            )
+            return await self.decide(tenant, approval_id, identity, raw_body, record)
         decided = replace(approval, decision=decision)
+        record.decided(verdict)
         by = identity.key_id
         await self.audit.append(AuditEvent(verdict, decided, request_id, trace_id, by, reason))
         return decided
 
-    async def expire_if_due(self, approval: Approval, request_id: str | None) -> Approval:
+    async def expire_if_due(
+        self, approval: Approval, request_id: str | None, trace_id: str | None
+    ) -> Approval:
         """An undecided approval past its time is decided `expired`, once, by whoever
         notices first (a reviewer, or the conversation's next request)."""
         now = self.clock()
@@ -99,7 +105,7 @@ class Approvals:
         decision = Decision("expired", now, request_id=request_id)
         if await self.store.decide(approval, decision):
             expired = replace(approval, decision=decision)
-            await self.audit.append(AuditEvent("expired", expired, request_id, None))
+            await self.audit.append(AuditEvent("expired", expired, request_id, trace_id))
             return expired
         return await self.get(approval.tenant, approval.id)  # decided meanwhile: that stands
 

@@ -17,7 +17,6 @@ session at all. A client that sends only new messages needs a session (delta mod
 
 from __future__ import annotations
 
-import random
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -40,7 +39,7 @@ from gateway.policy.approvals import ApprovalsSpec
 from gateway.sessions.checkpoints import Message
 from gateway.sessions.keys import SessionRef
 from gateway.telemetry import names
-from gateway.telemetry.record import RequestRecord, Stage
+from gateway.telemetry.record import RequestRecord, Stage, new_span_id
 
 _NOTHING: frozenset[str] = frozenset()
 
@@ -157,7 +156,8 @@ class Guard:
         approval = await self._open_approval()
         if approval is None:
             return None
-        approval = await self._approvals.expire_if_due(approval, self._request_id)
+        trace_id = self._record.trace.trace_id_hex
+        approval = await self._approvals.expire_if_due(approval, self._request_id, trace_id)
         status = approval.status(self._approvals.clock())
         if status == "pending":
             waiting: Message = {"role": "assistant", "content": pending_text(approval)}
@@ -166,7 +166,7 @@ class Guard:
         closing = Closing(outcome, self._approvals.clock(), self._request_id)
         if not await self._approvals.store.close(approval, closing):
             return None  # another request of the conversation told the agent: not twice
-        audit = AuditEvent(outcome, approval, self._request_id, self._record.trace.trace_id_hex)
+        audit = AuditEvent(outcome, approval, self._request_id, trace_id)
         await self._approvals.audit.append(audit)
         message: Message
         if outcome == "released":
@@ -189,6 +189,7 @@ class Guard:
         start = time.perf_counter_ns()
         now = self._approvals.clock()
         record = self._record
+        span_id = new_span_id()  # the hold's `approval` span: a decision's span links to it
         approval = Approval(
             id=new_approval_id(),
             tenant=self._tenant,
@@ -201,6 +202,7 @@ class Guard:
             content=reply.get("content"),
             created_at=now,
             expires_at=now + self._gate.spec.ttl_s,
+            span_id=f"{span_id:016x}",
         )
         await self._approvals.store.add(approval)
         event = AuditEvent("held", approval, self._request_id, record.trace.trace_id_hex)
@@ -218,6 +220,7 @@ class Guard:
             usage=answer.usage,  # the engine's tokens were spent all the same
             model=record.result.response_model,
             completion_id=record.result.response_id,
+            span_id=span_id,
         )
 
     async def _open_approval(self) -> Approval | None:
@@ -244,6 +247,7 @@ class Guard:
         usage: dict[str, Any] | None = None,
         model: str | None = None,
         completion_id: str | None = None,
+        span_id: int | None = None,
     ) -> GateAnswer:
         record = self._record
         attributes = {
@@ -251,7 +255,7 @@ class Guard:
             names.APPROVAL_EVENT: event,
             names.APPROVAL_TOOLS: approval.guarded,
         }
-        span_id = random.getrandbits(64) | 1  # any non-zero id
+        span_id = span_id or new_span_id()
         record.stages.append(
             Stage("approval", start_ns, time.perf_counter_ns(), attributes, span_id)
         )

@@ -63,6 +63,9 @@ class Approval:
     expires_at: float
     decision: Decision | None = None
     closing: Closing | None = None
+    # The held request's `approval` span (hex), which a decision's span links to; None in
+    # approvals held before it was kept.
+    span_id: str | None = None
 
     def status(self, now: float) -> Status:
         if self.closing is not None and self.closing.outcome == "released":

@@ -63,7 +63,11 @@ DEGRADED = "gateway.degraded"
 COST_USD = "gateway.cost_usd"
 OVERHEAD_MS = "gateway.overhead_ms"
 
-# Human approval of tool calls (gateway/approvals/): on the request's `approval` span.
+# Human approval of tool calls (gateway/approvals/): on the request's `approval` span,
+# and on a decision's `approval.decide` span (gateway/telemetry/decisions.py).
 APPROVAL_ID = "gateway.approval.id"
-APPROVAL_EVENT = "gateway.approval.event"  # held, pending, released, denied, expired
+# `approval`: held, pending, released, denial_returned, expiry_returned;
+# `approval.decide`: approved or denied (absent when the decision was refused).
+APPROVAL_EVENT = "gateway.approval.event"
 APPROVAL_TOOLS = "gateway.approval.tools"
+APPROVAL_BY = "gateway.approval.by"  # the deciding key's id (never the key)

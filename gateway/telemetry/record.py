@@ -31,6 +31,11 @@ def _id(bits: int) -> int:
             return value
 
 
+def new_span_id() -> int:
+    """A span id for a span the request path names before it is made."""
+    return _id(64)
+
+
 @dataclass(frozen=True, slots=True)
 class TraceContext:
     """The request's place in a distributed trace: the client's (W3C `traceparent`) or a

@@ -1,11 +1,14 @@
 """Telemetry: starts a request's record, and when the response has been sent turns it into
 metrics, the dashboard's figures, usage and cost counts, a request-log line and (when
-the trace is sampled) spans.
+the trace is sampled) spans. A reviewer's decision on a held tool call is traced on its
+own (`decision`, gateway/telemetry/decisions.py).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from opentelemetry.sdk.trace import SpanProcessor
@@ -14,6 +17,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.periodic import Periodic
 from gateway.policy import Policy
 from gateway.sessions.keys import DEFAULT_TENANT, SessionRef
+from gateway.telemetry.decisions import DecisionRecord
 from gateway.telemetry.live import LiveStats
 from gateway.telemetry.record import RequestRecord, TraceContext
 from gateway.telemetry.request_log import RequestLog
@@ -98,6 +102,35 @@ class Telemetry:
                 self._spans.write(record)
             except Exception:  # telemetry must never fail a request that was served
                 log.exception("spans of request %s not written", record.request_id)
+
+    @contextmanager
+    def decision(
+        self,
+        traceparent: str | None,
+        *,
+        tenant: str,
+        approval_id: str,
+        by: str | None,
+        request_id: str | None,
+    ) -> Iterator[DecisionRecord]:
+        """`with telemetry.decision(...) as record:` around deciding an approval: the
+        record collects its facts, and when the block ends (decided, or refused with a
+        gateway error, which is re-raised) it becomes the decision's span."""
+        record = DecisionRecord.start(
+            traceparent, tenant=tenant, approval_id=approval_id, by=by, request_id=request_id
+        )
+        try:
+            yield record
+        except BaseException as exc:
+            record.failed(exc)
+            raise
+        finally:
+            record.end()
+            if self._spans is not None:
+                try:
+                    self._spans.write_decision(record)
+                except Exception:  # telemetry must never fail the decision it describes
+                    log.exception("span of the decision on %s not written", approval_id)
 
     def _count(self, record: RequestRecord, spend: Spend) -> None:
         m = self.metrics

@@ -5,12 +5,14 @@ path stored: one root span (SERVER) with the GenAI attributes, a child per pipel
 and one per engine attempt (CLIENT; its id is the parent vLLM sees in `traceparent`).
 Building them afterwards keeps the SDK's per-span cost (70-150 us each, measured) out of
 the time the client waits; the batch processor exports them from its own thread.
+A reviewer's decision on a held tool call is one span of its own (gateway/telemetry/decisions.py).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
@@ -18,11 +20,13 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from gateway.policy.telemetry import TracesSpec
 from gateway.redaction import redact
 from gateway.telemetry import names
+from gateway.telemetry.decisions import SPAN_NAME as DECISION_SPAN
+from gateway.telemetry.decisions import DecisionRecord
 from gateway.telemetry.record import RequestRecord
 
 log = logging.getLogger(__name__)
@@ -127,6 +131,19 @@ class SpanWriter:
             status=status,
         )
 
+    def write_decision(self, decision: DecisionRecord) -> None:
+        self._emit(
+            DECISION_SPAN,
+            self._context(decision.trace.trace_id, decision.span_id),
+            decision.parent(),
+            decision.wall_start_ns,
+            decision.wall_end_ns,
+            decision.attributes(),
+            kind=SpanKind.SERVER,
+            status=decision.span_status(),
+            links=decision.links(),
+        )
+
     def shutdown(self) -> None:
         self._processor.shutdown()
 
@@ -197,6 +214,7 @@ class SpanWriter:
         *,
         kind: SpanKind = SpanKind.INTERNAL,
         status: Status = _OK,
+        links: Sequence[Link] = (),
     ) -> None:
         span = ReadableSpan(
             name,
@@ -206,6 +224,7 @@ class SpanWriter:
             attributes=attributes,
             kind=kind,
             status=status,
+            links=links,
             start_time=start_ns,
             end_time=max(start_ns, end_ns),
             instrumentation_scope=_SCOPE,

@@ -53,12 +53,14 @@ class Keys:
         return {"Authorization": f"Bearer {value}"}
 
 
-def policy_yaml(redis_url: str, acme: str, rival: str, keys: Keys, approvals: str) -> str:
+def policy_yaml(
+    redis_url: str, acme: str, rival: str, keys: Keys, approvals: str, sample_ratio: float = 1
+) -> str:
     return f"""\
 version: 1
 state: {{redis_url: "{redis_url}"}}
 auth: {{key_cache_ttl_s: 0}}
-telemetry: {{traces: {{sample_ratio: 1}}, usage: {{enabled: false}}}}
+telemetry: {{traces: {{sample_ratio: {sample_ratio}}}, usage: {{enabled: false}}}}
 pools:
   chat: {{served_model: served, replicas: [{{url: "http://a.test:1"}}]}}
 models:
@@ -164,11 +166,20 @@ class Held:
         request = {"model": "tiny", "messages": messages, "tools": tools or AIRLINE, **body}
         return self.client.post("/v1/chat/completions", json=request, headers=headers)
 
-    def decide(self, approval: str, decision: str, *, key: str | None = None, **extra: Any) -> Any:
+    def decide(
+        self,
+        approval: str,
+        decision: str,
+        *,
+        key: str | None = None,
+        traceparent: str | None = None,
+        **extra: Any,
+    ) -> Any:
+        headers = Keys.bearer(key or self.keys.reviewer)
+        if traceparent is not None:
+            headers["traceparent"] = traceparent
         return self.client.post(
-            f"/v1/approvals/{approval}",
-            json={"decision": decision, **extra},
-            headers=Keys.bearer(key or self.keys.reviewer),
+            f"/v1/approvals/{approval}", json={"decision": decision, **extra}, headers=headers
         )
 
     def get(self, path: str, *, key: str | None = None, **params: Any) -> Any:
@@ -194,10 +205,11 @@ def held_gateway(redis_url: str) -> Iterator[OpenHeld]:
     def open_one(
         script: Callable[[Call], Scripted] | None = None,
         approvals: str = "{tools: [cancel_reservation, book_reservation]}",
+        sample_ratio: float = 1,
     ) -> Held:
         suffix = uuid.uuid4().hex[:10]
         acme, rival, keys = f"acme-{suffix}", f"rival-{suffix}", Keys()
-        policy = parse_policy(policy_yaml(redis_url, acme, rival, keys, approvals))
+        policy = parse_policy(policy_yaml(redis_url, acme, rival, keys, approvals, sample_ratio))
         spans = InMemorySpanExporter()
         fake = FakeUpstream(script or engine())
         app = create_app(

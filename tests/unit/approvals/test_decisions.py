@@ -14,6 +14,7 @@ from gateway.approvals.store import RedisApprovals
 from gateway.errors import Conflict, NotFound, PermissionDenied
 from gateway.keys.identity import Identity
 from gateway.metrics import GatewayMetrics
+from gateway.telemetry.decisions import DecisionRecord
 from tests.unit.approvals.conftest import OpenHeld, pending_approval, user
 
 ASK = [user("Cancel reservation ZFA04Y.")]
@@ -90,15 +91,18 @@ def book(redis: aioredis.Redis, tenant: str) -> tuple[Approvals, Clock, str]:
 APPROVER = Identity("k-approver", roles=frozenset({"user", "approver"}))
 
 
+def record(tenant: str, approval: str) -> DecisionRecord:
+    return DecisionRecord.start(None, tenant=tenant, approval_id=approval, by=None, request_id="d")
+
+
 async def test_an_expired_approval_cannot_be_decided(book: tuple[Approvals, Clock, str]) -> None:
     approvals, clock, tenant = book
     approval = pending_approval(tenant, session=None, at=clock.now)
     await approvals.store.add(approval)
     clock.now += 61
+    body = b'{"decision": "approve"}'
     with pytest.raises(Conflict) as refused:
-        await approvals.decide(
-            tenant, approval.id, APPROVER, b'{"decision": "approve"}', request_id="d", trace_id=None
-        )
+        await approvals.decide(tenant, approval.id, APPROVER, body, record(tenant, approval.id))
     assert refused.value.code == "approval_expired"
     stored = await approvals.get(tenant, approval.id)
     assert stored.status(clock.now) == "expired"
@@ -111,15 +115,13 @@ async def test_decisions_check_tenant_then_role(book: tuple[Approvals, Clock, st
     await approvals.store.add(approval)
     body = b'{"decision": "approve"}'
     with pytest.raises(NotFound):
-        await approvals.decide(
-            "elsewhere", approval.id, APPROVER, body, request_id=None, trace_id=None
-        )
+        await approvals.decide("elsewhere", approval.id, APPROVER, body, record("elsewhere", ""))
     with pytest.raises(PermissionDenied):
-        await approvals.decide(tenant, approval.id, None, body, request_id=None, trace_id=None)
+        await approvals.decide(tenant, approval.id, None, body, record(tenant, approval.id))
     with pytest.raises(NotFound):  # not even an id: the same answer
         await approvals.get(tenant, "../../etc")
     decided = await approvals.decide(
-        tenant, approval.id, APPROVER, body, request_id="d", trace_id=None
+        tenant, approval.id, APPROVER, body, record(tenant, approval.id)
     )
     assert decided.decision is not None and decided.decision.by == "k-approver"
     assert decided.decision.at == clock.now
