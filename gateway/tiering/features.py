@@ -10,7 +10,8 @@ millisecond for the few kilobytes read):
   are log counts scaled to unit length, so a long prompt does not outvote a short one;
 - numeric features: sizes and counts that describe how much work a question asks for
   (length, sentences, quantities, operators, negations, two-part questions), which carry
-  across subjects where words do not.
+  across subjects where words do not; those that only measure how much work a question
+  asks for (`DIFFICULTY_NAMES`) are all the router's difficulty head reads.
 
 Only the first `HEAD_CHARS` and last `TAIL_CHARS` characters are read: the question and
 its options sit at the ends of a long prompt, and the cap bounds the decision time.
@@ -90,6 +91,14 @@ NUMERIC_NAMES: tuple[str, ...] = (
     "option_length",
     "paired_options",
 )
+
+
+# How much work a question asks for, read the same way in any domain (no subject words, no
+# answer-format or style cues): the difficulty head of `gateway.tiering.train` sees only these.
+_DIFFICULTY = _words(
+    "log_words sentences clauses numbers distinct_numbers quantities step_words question_marks"
+)
+DIFFICULTY_NAMES = tuple(name for name in NUMERIC_NAMES if name in _DIFFICULTY)
 
 
 @dataclass(frozen=True)

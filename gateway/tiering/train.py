@@ -4,11 +4,24 @@ Labels are RouteLLM-style JSONL, one prompt a line: `source`, optional `subject`
 and whether each tier answered it right (`small_correct`/`large_correct`, booleans) or how
 well (`small_score`/`large_score`, floats in [0, 1]).
 
-The model is a logistic regression on the hashed and numeric features of
-`gateway.tiering.features`, with L2 penalties. Its target is the small tier's advantage,
-`(small - large + 1) / 2`: ranking prompts by its expectation is what keeps the most
-quality per prompt sent to the small tier, and a prompt both tiers fail counts as free to
-send small, as it is.
+The model is one linear logit over the hashed and numeric features of
+`gateway.tiering.features`, the sum of two L2-penalised logistic regressions ("heads"):
+
+- the advantage head reads everything and predicts the small tier's advantage,
+  `(small - large + 1) / 2`: ranking prompts by its expectation is what keeps the most
+  quality per prompt sent to the small tier, and a prompt both tiers fail counts as free to
+  send small, as it is. Within the domains it was trained on it ranks best; but whether the
+  large tier fails is a property of a domain (its grading, the large model's competence
+  there) that does not carry to another one;
+- the difficulty head reads only `DIFFICULTY_NAMES` (how much work a question asks for:
+  words, sentences, quantities, step words) and predicts whether the small tier answers
+  right. It knows no subject, so what it learns is what makes any question harder.
+
+The router's logit is the advantage logit plus `difficulty_weight` (0.25) times the
+difficulty logit. Both heads standardise the numeric features alike, so the sum is one
+model and the artifact stores it as one. The weight was chosen on MMLU alone, holding out
+one MMLU category (STEM, humanities, social sciences, other) at a time: the nearest thing
+to a domain the router never saw without looking at one (see the README, "Tiered routing").
 
 Each group (MMLU subject, or the source when there is none) gets its own intercept while
 training, dropped afterwards. Groups differ in ways no prompt text explains (one subject's
@@ -33,7 +46,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from gateway.tiering.features import FEATURES_VERSION, NUMERIC_NAMES, extract
+from gateway.tiering.features import DIFFICULTY_NAMES, FEATURES_VERSION, NUMERIC_NAMES, extract
 from gateway.tiering.learned import LearnedRouter
 
 Vector = npt.NDArray[np.float64]
@@ -109,6 +122,7 @@ class TrainConfig:
     l2_numeric: float = 1e-3
     l2_group: float = 1e-4  # the per-group intercepts: nearly free to fit the group's mean
     iterations: int = 300
+    difficulty_weight: float = 0.25  # the difficulty head's share of the logit, see above
     calibration_folds: int = 5
     seed: int = 0
 
@@ -140,6 +154,10 @@ class Design:
     @property
     def rows(self) -> int:
         return int(self.numeric.shape[0])
+
+    def without_words(self) -> Design:
+        empty = np.zeros(0, dtype=np.int64)
+        return Design(empty, empty, np.zeros(0), self.numeric, self.hashed_dim)
 
     def take(self, rows: Indices) -> Design:
         keep = np.isin(self.row_of, rows)
@@ -174,13 +192,60 @@ class Fitted:
         z = _standardised(design.numeric, self.numeric_mean, self.numeric_scale)
         return design.hashed_dot(self.hashed) + z @ self.numeric + self.bias
 
+    def plus(self, other: Fitted, weight: float) -> Fitted:
+        """This model's logit plus `weight` times `other`'s, as one model: exact because
+        both standardised the same rows' features (and clip them alike)."""
+        if not (
+            np.array_equal(self.numeric_mean, other.numeric_mean)
+            and np.array_equal(self.numeric_scale, other.numeric_scale)
+        ):
+            raise ValueError("models standardised on different rows cannot be added")
+        return Fitted(
+            self.hashed + weight * other.hashed,
+            self.numeric_mean,
+            self.numeric_scale,
+            self.numeric + weight * other.numeric,
+            self.bias + weight * other.bias,
+        )
 
-def fit(design: Design, targets: Vector, groups: Sequence[str], config: TrainConfig) -> Fitted:
+
+@dataclass(frozen=True)
+class Head:
+    """One logistic regression inside the router: what it predicts, what it may read."""
+
+    target: Callable[[LabeledPrompt], float]
+    reads_words: bool
+    numeric: tuple[str, ...]  # the numeric features it may weigh; the others stay at 0
+
+
+ADVANTAGE = Head(lambda p: p.small_advantage, reads_words=True, numeric=NUMERIC_NAMES)
+DIFFICULTY = Head(lambda p: p.small_ok, reads_words=False, numeric=DIFFICULTY_NAMES)
+
+
+def fit(design: Design, prompts: Sequence[LabeledPrompt], config: TrainConfig) -> Fitted:
+    """The router's model on these rows: the advantage head plus `difficulty_weight` times
+    the difficulty head."""
+    advantage = fit_head(design, prompts, ADVANTAGE, config)
+    if config.difficulty_weight == 0:
+        return advantage
+    difficulty = fit_head(design, prompts, DIFFICULTY, config)
+    return advantage.plus(difficulty, config.difficulty_weight)
+
+
+def fit_head(
+    design: Design, prompts: Sequence[LabeledPrompt], head: Head, config: TrainConfig
+) -> Fitted:
     """L2-penalised logistic regression with per-group intercepts, by L-BFGS."""
+    targets = np.array([head.target(p) for p in prompts], dtype=np.float64)
+    groups = [p.group for p in prompts]
     mean = design.numeric.mean(axis=0)
     scale = design.numeric.std(axis=0)
     scale[scale < 1e-9] = 1.0  # constant in training: weight stays 0, value ignored
-    numeric = _standardised(design.numeric, mean, scale)
+    # Columns the head may not read are zero: their gradient is 0, so their weights stay 0.
+    reads = np.array([name in head.numeric for name in NUMERIC_NAMES], dtype=np.float64)
+    numeric = _standardised(design.numeric, mean, scale) * reads
+    if not head.reads_words:
+        design = design.without_words()
     names = {name: i for i, name in enumerate(sorted(set(groups)))}
     group = np.array([names[g] for g in groups], dtype=np.int64)
     # Only slots some prompt uses can get a weight (the rest stay 0 under L2): optimise
@@ -253,14 +318,13 @@ def held_out_logits(
     """Each prompt's logit from a model trained without its group; also the fold models
     and which of them scored each prompt."""
     groups = [p.group for p in prompts]
-    targets = np.array([p.small_advantage for p in prompts])
     logits = np.zeros(len(prompts))
     models: list[Fitted] = []
     model_of = np.zeros(len(prompts), dtype=np.int64)
     splits = grouped_folds(groups, folds, config.seed)
     for k, (train, test) in enumerate(splits):
         started = time.monotonic()
-        model = fit(design.take(train), targets[train], [groups[i] for i in train], config)
+        model = fit(design.take(train), [prompts[i] for i in train], config)
         logits[test] = model.logits(design.take(test))
         models.append(model)
         model_of[test] = k
@@ -283,18 +347,21 @@ def train_router(
     design = Design.of([p.prompt for p in prompts], config.hash_bits)
     say = progress or (lambda _: None)
     say(f"features: {design.rows} prompts, {len(design.slots)} hashed entries")
-    offset, notes = 0.0, {}
+    offset = 0.0
+    notes: dict[str, Any] = {
+        "heads": f"advantage + {config.difficulty_weight} x difficulty",
+        "difficulty_features": list(DIFFICULTY_NAMES),
+    }
     if config.calibration_folds > 1 and len({p.group for p in prompts}) > 1:
         logits, _, _ = held_out_logits(prompts, design, config, config.calibration_folds, say)
         offset, share = quality_threshold(logits, prompts)
-        notes = {"calibration": {"folds": config.calibration_folds, "small_share": share}}
+        notes["calibration"] = {"folds": config.calibration_folds, "small_share": share}
         say(
             f"calibration: score 0.5 at logit {offset:.3f}, where out-of-group scores kept "
             f"{QUALITY_KEPT:.0%} of large quality sending {share:.1%} of prompts small"
         )
-    targets = np.array([p.small_advantage for p in prompts])
     started = time.monotonic()
-    model = fit(design, targets, [p.group for p in prompts], config)
+    model = fit(design, prompts, config)
     say(f"final fit on all {design.rows} prompts: {time.monotonic() - started:.1f}s")
     described = _describe(prompts)
     trained_on = f"{labels_name}: {described}" if labels_name else described

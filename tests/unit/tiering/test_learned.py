@@ -1,5 +1,6 @@
 """The learned tier router: the shipped artifact loads offline and scores, `route-train`
-writes one that loads, and labels and artifacts that don't fit are refused by name."""
+writes one that loads, the difficulty head reads only its features, and labels and
+artifacts that don't fit are refused by name."""
 
 from __future__ import annotations
 
@@ -10,9 +11,25 @@ import numpy as np
 import pytest
 
 from gateway.cli import main
-from gateway.tiering.features import HEAD_CHARS, TAIL_CHARS, extract
+from gateway.tiering.features import (
+    DIFFICULTY_NAMES,
+    HEAD_CHARS,
+    NUMERIC_NAMES,
+    TAIL_CHARS,
+    extract,
+)
 from gateway.tiering.learned import ArtifactError, LearnedRouter
-from gateway.tiering.train import LabelError, TrainConfig, read_labels, train_router
+from gateway.tiering.train import (
+    ADVANTAGE,
+    DIFFICULTY,
+    Design,
+    LabelError,
+    TrainConfig,
+    fit,
+    fit_head,
+    read_labels,
+    train_router,
+)
 
 
 def write_labels(path: Path) -> Path:
@@ -51,6 +68,21 @@ def test_route_train_writes_an_artifact_that_loads(tmp_path: Path) -> None:
     easy = router.score("Easy one: item 99 with 3 apples?\nA. 1\nB. 2")
     hard = router.score("Hard one: item 99 with 3 apples?\nA. 1\nB. 2")
     assert easy > hard
+
+
+def test_the_difficulty_head_weighs_only_how_much_work_a_question_asks(tmp_path: Path) -> None:
+    prompts = read_labels(write_labels(tmp_path / "labels.jsonl"))
+    config = TrainConfig(hash_bits=12, iterations=60, calibration_folds=0)
+    design = Design.of([p.prompt for p in prompts], config.hash_bits)
+    difficulty = fit_head(design, prompts, DIFFICULTY, config)
+    assert not difficulty.hashed.any()  # no words: it knows no subject
+    others = [i for i, name in enumerate(NUMERIC_NAMES) if name not in DIFFICULTY_NAMES]
+    assert not difficulty.numeric[others].any()
+    # The router is the advantage head plus a share of it, stored as one linear model.
+    advantage = fit_head(design, prompts, ADVANTAGE, config)
+    both = fit(design, prompts, config)
+    expected = advantage.logits(design) + config.difficulty_weight * difficulty.logits(design)
+    assert both.logits(design) == pytest.approx(expected)
 
 
 def test_an_artifact_for_other_features_is_refused(tmp_path: Path) -> None:

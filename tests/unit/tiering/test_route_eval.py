@@ -98,10 +98,10 @@ def test_held_out_scores_come_from_models_that_never_saw_the_group(
     seen: list[set[str]] = []
 
     def spy(
-        design: train.Design, targets: Floats, groups: list[str], config: TrainConfig
+        design: train.Design, prompts: list[LabeledPrompt], config: TrainConfig
     ) -> train.Fitted:
-        seen.append(set(groups))
-        return real_fit(design, targets, groups, config)
+        seen.append({p.group for p in prompts})
+        return real_fit(design, prompts, config)
 
     monkeypatch.setattr(train, "fit", spy)
     prompts = [
