@@ -10,6 +10,7 @@ ever meets a body a working agent would not send.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -44,11 +45,23 @@ class InboundRequest:
     def with_body(self, body: dict[str, Any]) -> InboundRequest:
         return replace(self, raw=None, body=body)
 
+    @functools.cached_property
+    def messages_json(self) -> bytes | None:
+        """The body's `messages`, serialised once: prefix hashing reads it, and the engine's
+        body reuses it instead of serialising a long conversation a second time."""
+        messages = self.body.get("messages")
+        return orjson.dumps(messages) if isinstance(messages, list) else None
+
     def body_for(self, served_model: str) -> bytes:
         """The bytes to send upstream: the client's own, unless something had to change."""
         if served_model == self.model and self.raw is not None:
             return self.raw
-        return orjson.dumps({**self.body, "model": served_model})
+        messages: bytes | None = self.__dict__.get("messages_json")  # if serialised yet
+        if messages is None:
+            return orjson.dumps({**self.body, "model": served_model})
+        others = {key: value for key, value in self.body.items() if key != "messages"}
+        rest = orjson.dumps({**others, "model": served_model})  # never empty: has the model
+        return b'{"messages":' + messages + b"," + rest[1:]
 
 
 def json_object(raw: bytes) -> dict[str, Any]:

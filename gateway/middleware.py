@@ -13,9 +13,9 @@ streaming): one wrapper around every request, so the response's `send` is wrappe
 
 from __future__ import annotations
 
+import os
 import re
 import time
-import uuid
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -52,7 +52,7 @@ class EdgeMiddleware:
                 request_id = value.decode("ascii")
             elif name == b"traceparent":
                 traceparent = value.decode("latin-1")
-        request_id = request_id or uuid.uuid4().hex
+        request_id = request_id or os.urandom(16).hex()  # uuid4's 32 hex digits, cheaper
         state = scope.setdefault("state", {})
         state["request_id"] = request_id
         added = [(b"x-request-id", request_id.encode("ascii"))]

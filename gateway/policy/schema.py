@@ -146,6 +146,14 @@ class RoutingSpec(Strict):
     load_tolerance: float = Field(
         0.25, ge=0, description="Recent work up to this fraction above the mean costs nothing."
     )
+    shared_opening_conversations: int = Field(
+        2,
+        ge=0,
+        description="Once this many conversations began with the same prefix blocks (a common "
+        "system prompt and tools), they count as held by every replica when a new conversation "
+        "is placed, so session affinity and load place it, not the first replica that held "
+        "them; 0: off.",
+    )
     max_waiting: int = Field(32, ge=1, description="A replica with this many queued is saturated.")
     max_kv_usage: float = Field(
         0.98, gt=0, le=1, description="KV usage at which a replica is saturated."

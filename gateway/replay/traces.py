@@ -3,7 +3,7 @@
 - Mooncake (`timestamp` ms, `input_length`, `output_length`, `hash_ids`: one id per
   512-token block, equal leading ids = shared prefix);
 - the gateway's own request log (`ts` s, `blocks`, `prompt_tokens`, `output_tokens`,
-  `session`), written when `routing.request_log` is set, so operators can replay their own
+  `session`), written when `telemetry.request_log` is set, so operators can replay their own
   traffic against a changed policy before deploying it.
 """
 

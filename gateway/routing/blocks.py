@@ -21,26 +21,28 @@ import orjson
 _SEPARATOR = b"\x1e"  # keeps "ab"+"c" and "a"+"bc" apart
 
 
-def prompt_bytes(body: dict[str, Any], tools_json: bytes | None = None) -> bytes:
+def prompt_bytes(
+    body: dict[str, Any], tools_json: bytes | None = None, messages_json: bytes | None = None
+) -> bytes:
     """The parts of a chat or completion request that form the engine's prompt, in order.
 
     The messages after the system prompt are serialised as one JSON array: a later turn's
     array starts with the earlier turn's bytes (only the closing bracket differs), so
-    every whole block before the end is shared. `tools_json`, when given, is the body's
-    tools already serialised (the canonicaliser has them).
+    every whole block before the end is shared. `tools_json` and `messages_json`, when
+    given, are the body's tools and messages already serialised by orjson (the
+    canonicaliser has the tools; the request keeps its messages for the engine's body).
     """
     messages = body.get("messages")
     if isinstance(messages, list):
         parts: list[bytes] = []
-        rest = messages
-        if messages and _is_system(messages[0]):
-            parts.append(orjson.dumps(messages[0].get("content")))
-            rest = messages[1:]
+        system = messages[0] if messages and _is_system(messages[0]) else None
+        if system is not None:
+            parts.append(orjson.dumps(system.get("content")))
         if tools_json is None and body.get("tools"):
             tools_json = orjson.dumps(body["tools"])
         if tools_json is not None:
             parts.append(tools_json)
-        parts.append(orjson.dumps(rest))
+        parts.append(_after_system(messages, system, messages_json))
         return _SEPARATOR.join(parts)
     prompt = body.get("prompt")
     if isinstance(prompt, str):
@@ -48,6 +50,21 @@ def prompt_bytes(body: dict[str, Any], tools_json: bytes | None = None) -> bytes
     if prompt is not None:
         return orjson.dumps(prompt)
     return b""
+
+
+def _after_system(
+    messages: list[Any], system: dict[str, Any] | None, messages_json: bytes | None
+) -> bytes:
+    """The messages after the system prompt as one JSON array. Cut from `messages_json`
+    when given: orjson writes a list as `[` + its items joined by `,` + `]`, so dropping
+    the first item's bytes leaves exactly the rest's serialisation."""
+    if messages_json is None:
+        return orjson.dumps(messages[1:] if system is not None else messages)
+    if system is None:
+        return messages_json
+    if len(messages) == 1:
+        return b"[]"
+    return b"[" + messages_json[len(orjson.dumps(system)) + 2 :]
 
 
 def _constants(label: bytes, count: int) -> npt.NDArray[np.uint64]:
@@ -94,9 +111,12 @@ def chain_hashes(data: bytes, block_bytes: int) -> tuple[int, ...]:
 
 
 def request_blocks(
-    body: dict[str, Any], block_bytes: int, tools_json: bytes | None = None
+    body: dict[str, Any],
+    block_bytes: int,
+    tools_json: bytes | None = None,
+    messages_json: bytes | None = None,
 ) -> tuple[int, ...]:
-    return chain_hashes(prompt_bytes(body, tools_json), block_bytes)
+    return chain_hashes(prompt_bytes(body, tools_json, messages_json), block_bytes)
 
 
 def conversation_key(body: dict[str, Any], blocks: tuple[int, ...]) -> str | None:
@@ -111,8 +131,21 @@ def conversation_key(body: dict[str, Any], blocks: tuple[int, ...]) -> str | Non
     start = 1 if messages and _is_system(messages[0]) else 0
     if len(messages) <= start:
         return None
-    first = orjson.dumps(messages[start])
-    return f"conv:{blocks[0] & 0xFFFFFFFF:08x}{zlib.crc32(first):08x}"
+    return f"conv:{blocks[0] & 0xFFFFFFFF:08x}{zlib.crc32(_digest_bytes(messages[start])):08x}"
+
+
+_DIGEST_CHARS = 1024
+
+
+def _digest_bytes(message: Any) -> bytes:
+    """What identifies a message, read in bounded time: a long text is represented by its
+    length and its first and last `_DIGEST_CHARS` characters (a 200,000-character
+    prompt cost 160 us to serialise and checksum whole, on every turn)."""
+    content = message.get("content") if isinstance(message, dict) else None
+    if not isinstance(content, str) or len(content) <= 2 * _DIGEST_CHARS:
+        return orjson.dumps(message)
+    ends = f"{len(content)}:{content[:_DIGEST_CHARS]}{content[-_DIGEST_CHARS:]}"
+    return orjson.dumps({**message, "content": ends})
 
 
 def _is_system(message: Any) -> bool:

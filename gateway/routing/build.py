@@ -28,6 +28,7 @@ def build_router(
         max_load_factor=spec.max_load_factor,
         load_slack_blocks=spec.load_slack_blocks,
         load_tolerance=spec.load_tolerance,
+        shared_opening_conversations=spec.shared_opening_conversations,
     )
     return CacheAwareRouter(
         settings,

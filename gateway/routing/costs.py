@@ -36,6 +36,9 @@ class Candidate(NamedTuple):
     queued: int  # requests in flight at the gateway plus waiting in the engine
     kv_usage: float  # engine's KV cache usage, 0..1 (scraped /metrics)
     session_home: bool  # the replica this request's session belongs to
+    # For a conversation's first request: its leading blocks that many conversations
+    # began with, priced as held everywhere (routing/openings.py); else 0.
+    shared_opening: int = 0
 
 
 # A cost prices every candidate at once (one call per cost, not one per replica: the
@@ -45,9 +48,10 @@ Filter = Callable[[RouteRequest, Sequence[Candidate]], list[Candidate]]
 
 
 def prefix_cost(request: RouteRequest, candidates: Sequence[Candidate]) -> list[float]:
-    """Blocks each replica would have to prefill, plus one for the request itself."""
+    """Blocks each replica would have to prefill, plus one for the request itself; a new
+    conversation's shared opening counts as held everywhere (it decides nothing)."""
     whole = len(request.blocks) + 1
-    return [float(whole - c.cached_blocks) for c in candidates]
+    return [float(whole - max(c.cached_blocks, c.shared_opening)) for c in candidates]
 
 
 def load_cost(request: RouteRequest, candidates: Sequence[Candidate]) -> list[float]:

@@ -33,6 +33,7 @@ from gateway.routing.costs import (
 )
 from gateway.routing.index import PrefixIndex
 from gateway.routing.load import LoadTracker
+from gateway.routing.openings import ConversationOpenings
 
 
 @dataclass(frozen=True)
@@ -115,6 +116,9 @@ class CacheAwareSettings:
     load_slack_blocks: float = 256.0
     load_tolerance: float = 0.25
     session_memory: int = 100_000
+    # Conversations that must have begun with a prefix before it stops deciding where new
+    # conversations go (routing/openings.py); 0 turns the rule off.
+    shared_opening_conversations: int = 2
 
 
 class CacheAwareRouter:
@@ -140,6 +144,7 @@ class CacheAwareRouter:
         self._load = load
         self._engine_loads = engine_loads
         self._sessions: OrderedDict[str, str] = OrderedDict()  # session -> replica id
+        self._openings = ConversationOpenings(settings.shared_opening_conversations)
         self._turn = itertools.count()
 
     def choose(
@@ -177,6 +182,8 @@ class CacheAwareRouter:
         self._load.add(replica, len(request.blocks) - decision.cached_blocks + 1)
         self._index.record(replica, request.blocks)
         if request.session is not None:
+            if request.session not in self._sessions:  # the conversation's first request
+                self._openings.record(request.blocks)
             self._sessions[request.session] = replica
             self._sessions.move_to_end(request.session)
             if len(self._sessions) > self._settings.session_memory:
@@ -193,8 +200,11 @@ class CacheAwareRouter:
     def _candidates(self, replicas: Sequence[Replica], request: RouteRequest) -> list[Candidate]:
         ids = [r.id for r in replicas]
         home: str | None = None
+        shared_opening = 0
         if request.session is not None:
             home = self._sessions.get(request.session)
+            if home is None:  # a new conversation: what it shares with others decides nothing
+                shared_opening = self._openings.shared_lead(request.blocks)
             if home is None or home not in ids:
                 home = rendezvous(request.session, replicas).id
         recent = self._load.recent_many(ids)
@@ -213,6 +223,7 @@ class CacheAwareRouter:
                     replica.inflight + engine.waiting,
                     engine.kv_usage,
                     rid == home,
+                    shared_opening,
                 )
             )
         return out

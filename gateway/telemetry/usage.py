@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import functools
 import logging
 from collections import defaultdict
 from collections.abc import Mapping
@@ -474,8 +475,18 @@ def summary(counts: Mapping[str, int]) -> dict[str, Any]:
     }
 
 
+_NS_PER_DAY = 86_400 * 1_000_000_000
+
+
+@functools.lru_cache(maxsize=4)
+def _iso_day(day_number: int) -> str:
+    return (dt.date(1970, 1, 1) + dt.timedelta(days=day_number)).isoformat()
+
+
 def day_of(wall_ns: int) -> str:
-    return dt.datetime.fromtimestamp(wall_ns / 1e9, tz=dt.UTC).date().isoformat()
+    """The UTC date of a wall-clock time, as `YYYY-MM-DD` (once per request: the date of
+    the same day is built once)."""
+    return _iso_day(wall_ns // _NS_PER_DAY)
 
 
 def parse_days(start: str | None, end: str | None, today: dt.date) -> tuple[dt.date, dt.date]:

@@ -140,15 +140,8 @@ def start_target(
         wait_http(f"http://127.0.0.1:{port}/health", proc)
         return proc, f"http://127.0.0.1:{port}/v1"
     policy = work / f"policy-{port}.yaml"
-    replicas = ", ".join(f'{{url: "{w}"}}' for w in workers)
     policy.write_text(
-        f"""version: 1
-state: {{embedded_dir: "{work / f"state-{port}"}"}}
-routing: {{strategy: {target.strategy}, request_log: "{log_dir / f"{slug}.jsonl"}"{f", weights: {target.weights}" if target.weights else ""}}}
-canonicalize: {{sort_tools: {str(target.canonicalize).lower()}, sort_schema_keys: {str(target.canonicalize).lower()}}}
-pools: {{tiny: {{served_model: tiny, replicas: [{replicas}]}}}}
-models: {{tiny: {{pool: tiny}}}}
-"""
+        gateway_policy(target, workers, work / f"state-{port}", log_dir / f"{slug}.jsonl")
     )
     cmd = [
         sys.executable,
@@ -165,6 +158,22 @@ models: {{tiny: {{pool: tiny}}}}
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     wait_http(f"http://127.0.0.1:{port}/readyz", proc)
     return proc, f"http://127.0.0.1:{port}/v1"
+
+
+def gateway_policy(target: Target, workers: list[str], state_dir: Path, request_log: Path) -> str:
+    """The gateway's policy for `target` in front of `workers` (checked by a unit test:
+    tests/unit/test_bench_policies.py)."""
+    replicas = ", ".join(f'{{url: "{w}"}}' for w in workers)
+    weights = f", weights: {target.weights}" if target.weights else ""
+    canonical = str(target.canonicalize).lower()
+    return f"""version: 1
+state: {{embedded_dir: "{state_dir}"}}
+routing: {{strategy: {target.strategy}{weights}}}
+telemetry: {{request_log: "{request_log}"}}
+canonicalize: {{sort_tools: {canonical}, sort_schema_keys: {canonical}}}
+pools: {{tiny: {{served_model: tiny, replicas: [{replicas}]}}}}
+models: {{tiny: {{pool: tiny}}}}
+"""
 
 
 async def run_workload(
@@ -276,13 +285,18 @@ def main() -> int:
         "--with-uncanonicalised", action="store_true", help="also shuffle without canonicalisation"
     )
     parser.add_argument(
-        "--only", default="", help="comma-separated target names to run (default: all)"
+        "--only",
+        action="append",
+        default=[],
+        help="a target's name to run, repeatable (default: all; names may hold commas)",
     )
     args = parser.parse_args()
     targets = [*TARGETS, UNCANONICALISED] if args.with_uncanonicalised else TARGETS
     if args.only:
-        wanted = {name.strip() for name in args.only.split(",")}
-        targets = [t for t in targets if t.name in wanted]
+        unknown = set(args.only) - {t.name for t in targets}
+        if unknown:
+            parser.error(f"unknown targets {sorted(unknown)}; known: {[t.name for t in targets]}")
+        targets = [t for t in targets if t.name in args.only]
     convs = conversations(args.conversations, args.max_context_chars)
     print(
         f"bench: {len(convs)} tau-bench conversations, {sum(map(len, convs))} turns, {CONCURRENCY} at a time",

@@ -8,6 +8,7 @@ import pytest
 from gateway.errors import InvalidRequest
 from gateway.inbound import parse_request
 from gateway.policy import Endpoint
+from gateway.routing.blocks import prompt_bytes
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
 
@@ -88,3 +89,35 @@ def test_embeddings_need_input_and_cannot_stream() -> None:
     assert (
         bad(Endpoint.embeddings, b'{"model": "m", "input": "x", "stream": true}').param == "stream"
     )
+
+
+@pytest.mark.parametrize("first", ["system", "user"])
+def test_the_engine_body_reuses_the_serialised_messages(first: str) -> None:
+    """Once prefix hashing serialised the messages, the engine's body is spliced from
+    those bytes: the same JSON as serialising the body again, every field kept."""
+    raw = orjson.dumps(
+        {
+            "model": "auto",
+            "messages": [
+                {"role": first, "content": 'You book flights. é \u2028 "quoted"'},
+                {"role": "user", "content": "Change my flight", "name": "ana"},
+            ],
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+            "temperature": 0,
+            "metadata": {"model": "auto"},  # a nested `model` is never touched
+        }
+    )
+    request = parse_request(Endpoint.chat, raw)
+    plain = orjson.loads(request.body_for("served"))
+    assert request.messages_json == orjson.dumps(request.body["messages"])
+    spliced = request.body_for("served")
+    assert orjson.loads(spliced) == plain
+    assert plain == {**orjson.loads(raw), "model": "served"}
+
+
+def test_prompt_bytes_cut_from_the_serialised_messages_match_serialising_them() -> None:
+    system = {"role": "system", "content": "sys"}
+    turns = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b\n"}]
+    for messages in ([system], [system, *turns], turns, [turns[0]], []):
+        body = {"model": "m", "messages": messages}
+        assert prompt_bytes(body, None, orjson.dumps(messages)) == prompt_bytes(body)

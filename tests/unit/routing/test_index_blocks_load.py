@@ -129,6 +129,24 @@ def test_a_conversation_keeps_its_key_from_turn_to_turn() -> None:
     assert conversation_key(other, request_blocks(other, 64)) != key1
 
 
+def test_a_long_first_message_is_keyed_by_its_length_and_ends() -> None:
+    """Read in bounded time: a 200,000-character prompt is not serialised whole per turn.
+    Its ends and length tell conversations apart; an edit only in the middle does not
+    (a collision only keeps two conversations on one replica)."""
+    text = "".join(f"line {i}\n" for i in range(30_000))
+    first = chat({"role": "user", "content": text})
+    key = conversation_key(first, request_blocks(first, 64))
+    assert key is not None
+    later = chat({"role": "user", "content": text}, {"role": "assistant", "content": "ok"})
+    assert conversation_key(later, request_blocks(later, 64)) == key
+    for changed in (text + "!", "!" + text[1:], text[:-1] + "?"):
+        other = chat({"role": "user", "content": changed})
+        assert conversation_key(other, request_blocks(other, 64)) != key
+    middle = len(text) // 2
+    edited = chat({"role": "user", "content": text[:middle] + "#" + text[middle + 1 :]})
+    assert conversation_key(edited, request_blocks(edited, 64)) == key
+
+
 def test_no_conversation_key_without_a_message_after_the_system_prompt() -> None:
     only_system = chat()
     assert conversation_key(only_system, request_blocks(only_system, 64)) is None

@@ -161,3 +161,76 @@ def test_cached_share_is_what_the_best_healthy_replica_holds() -> None:
     holder.healthy = False
     assert r.cached_share(pool, RouteRequest(tuple(range(8)))) == 0.0
     assert RoundRobinRouter().cached_share(pool, RouteRequest((1,))) == 0.0
+
+
+def _session_homed_on(pool: list[Replica], replica: Replica, taken: set[str]) -> str:
+    """A session id whose rendezvous winner is `replica` (and not used yet)."""
+    for i in range(1000):
+        session = f"conv-{i}"
+        if session not in taken and rendezvous(session, pool) is replica:
+            taken.add(session)
+            return session
+    raise AssertionError("no such session id")
+
+
+def test_a_shared_opening_does_not_decide_where_new_conversations_live() -> None:
+    """Agents open every conversation with the same system prompt and tools: once two
+    conversations began with it, a third is placed by its session's home, not by the
+    replica that happened to compute the shared prefix first."""
+    a, b = pool = replicas(2)
+    r = router()
+    opening = tuple(range(30))  # system prompt + tools, shared by every conversation
+    taken: set[str] = set()
+    for i in range(2):  # the first two both go where the opening already is
+        send(r, pool, RouteRequest((*opening, 100 + i), _session_homed_on(pool, a, taken)))
+    third = RouteRequest((*opening, 200), _session_homed_on(pool, b, taken))
+    decision = r.choose(pool, third)
+    assert decision is not None
+    assert decision.replica is b
+    assert decision.reason == "session"
+    assert decision.cached_blocks == 0  # reported as it is: b computes the opening once
+    r.dispatched(decision, third)
+    # Its next turn stays on b: the opening is b's too now, and the history is only there.
+    follow_up = r.choose(pool, RouteRequest((*opening, 200, 201), third.session))
+    assert follow_up is not None
+    assert follow_up.replica is b
+
+
+def test_a_prefix_one_other_conversation_began_with_still_attracts() -> None:
+    a, b = pool = replicas(2)
+    r = router()
+    taken: set[str] = set()
+    own = tuple(range(500, 540))  # one conversation's long private opening
+    send(r, pool, RouteRequest(own, _session_homed_on(pool, a, taken)))
+    # A fork of it (same 40 blocks, new session homed elsewhere): the cache wins.
+    decision = r.choose(pool, RouteRequest((*own, 7), _session_homed_on(pool, b, taken)))
+    assert decision is not None
+    assert decision.replica is a
+    assert decision.reason == "prefix"
+
+
+def test_established_conversations_keep_their_prefix_affinity() -> None:
+    """The rule is for placing a conversation; a known one is priced by what each
+    replica really holds."""
+    a, _ = pool = replicas(2)
+    r = router()
+    opening = tuple(range(30))
+    taken: set[str] = set()
+    for i in range(3):
+        send(r, pool, RouteRequest((*opening, 100 + i), _session_homed_on(pool, a, taken)))
+    session = sorted(taken)[0]
+    decision = r.choose(pool, RouteRequest((*opening, 100, 101), session))
+    assert decision is not None
+    assert decision.replica is a
+
+
+def test_the_shared_opening_rule_can_be_turned_off() -> None:
+    a, b = pool = replicas(2)
+    r = router(shared_opening_conversations=0)
+    opening = tuple(range(30))
+    taken: set[str] = set()
+    for i in range(2):
+        send(r, pool, RouteRequest((*opening, 100 + i), _session_homed_on(pool, a, taken)))
+    decision = r.choose(pool, RouteRequest((*opening, 200), _session_homed_on(pool, b, taken)))
+    assert decision is not None
+    assert decision.replica is a  # 30 blocks of cache outbid the session's home

@@ -20,6 +20,7 @@ from gateway.telemetry.usage import (
     MemoryUsageLedger,
     Prices,
     UsageBook,
+    day_of,
     usage_report,
 )
 from tests.fakes import Call, Scripted
@@ -281,3 +282,18 @@ def test_an_escalated_answer_is_paid_for_as_well(traced: OpenTraced) -> None:
     small, large = 100 * 0.10 + 20 * 0.40, 100 * 3.0 + 20 * 15.0
     assert row["cost_usd"] == pytest.approx((small + large) / 1e6)
     assert row["saved_usd"]["small_tier"] == 0
+
+
+@pytest.mark.parametrize(
+    ("wall", "day"),
+    [
+        (dt.datetime(1970, 1, 1, tzinfo=dt.UTC), "1970-01-01"),
+        (dt.datetime(2026, 12, 1, 0, 0, 0, tzinfo=dt.UTC), "2026-12-01"),
+        (dt.datetime(2026, 12, 31, 23, 59, 59, 999999, tzinfo=dt.UTC), "2026-12-31"),
+        (dt.datetime(2028, 2, 29, 12, tzinfo=dt.UTC), "2028-02-29"),
+    ],
+)
+def test_usage_rows_are_kept_by_utc_day(wall: dt.datetime, day: str) -> None:
+    ns = int(wall.timestamp()) * 1_000_000_000 + wall.microsecond * 1000
+    assert day_of(ns) == day
+    assert day_of(ns + 999) == day  # nanoseconds never round into the next day
