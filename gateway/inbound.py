@@ -56,7 +56,7 @@ class InboundRequest:
         """The bytes to send upstream: the client's own, unless something had to change."""
         if served_model == self.model and self.raw is not None:
             return self.raw
-        messages: bytes | None = self.__dict__.get("messages_json")  # if serialised yet
+        messages = self.messages_json  # prefix hashing has usually serialised it already
         if messages is None:
             return orjson.dumps({**self.body, "model": served_model})
         others = {key: value for key, value in self.body.items() if key != "messages"}

@@ -492,8 +492,9 @@ class Pipeline:
         blocks: tuple[int, ...] = ()
         if self._prefix_routing and request.endpoint is not Endpoint.embeddings:
             routing = self._policy.routing
-            messages_json = request.messages_json if request.endpoint is Endpoint.chat else None
-            blocks = request_blocks(request.body, routing.block_bytes, tools_json, messages_json)
+            blocks = request_blocks(
+                request.body, routing.block_bytes, tools_json, request.messages_json
+            )
             if session is None and routing.implicit_sessions:
                 session = conversation_key(request.body, blocks)
         return RouteRequest(blocks, session, context.access.name)

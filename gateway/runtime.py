@@ -55,8 +55,8 @@ from gateway.sessions.store import RedisCheckpoints
 from gateway.sessions.turns import SessionTurns
 from gateway.state_store import StateStore
 from gateway.telemetry.fleet_view import FleetView
+from gateway.telemetry.prices import Prices
 from gateway.telemetry.service import Telemetry
-from gateway.telemetry.usage import Prices
 from gateway.tiering.chooser import TierChooser, load_learned_router
 from gateway.tiering.memory import RedisSessionTiers
 from gateway.trimming.tenants import policy_trimmers

@@ -50,8 +50,8 @@ from gateway.quota.headers import go_duration, rate_headers, retry_after
 from gateway.quota.store import Bucket, Period, QuotaStore, Verdict
 from gateway.redis_keys import quota_key
 from gateway.sessions.store import StateUnavailable
+from gateway.telemetry.prices import NANO, Prices
 from gateway.telemetry.record import RequestRecord
-from gateway.telemetry.usage import NANO, Prices
 
 log = logging.getLogger(__name__)
 

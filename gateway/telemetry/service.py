@@ -19,10 +19,11 @@ from gateway.policy import Policy
 from gateway.sessions.keys import DEFAULT_TENANT, SessionRef
 from gateway.telemetry.decisions import DecisionRecord
 from gateway.telemetry.live import LiveStats
+from gateway.telemetry.prices import NANO, Prices, Spend
 from gateway.telemetry.record import RequestRecord, TraceContext
 from gateway.telemetry.request_log import RequestLog
 from gateway.telemetry.spans import SpanWriter, otlp_processor, traces_settings
-from gateway.telemetry.usage import NANO, Prices, Spend, UsageBook, UsageLedger, day_of
+from gateway.telemetry.usage import UsageBook, UsageLedger, day_of
 
 log = logging.getLogger(__name__)
 

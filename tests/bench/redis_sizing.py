@@ -44,7 +44,8 @@ from gateway.sessions.replies import normalise
 from gateway.sessions.store import RedisCheckpoints
 from gateway.sessions.turns import SessionTurns
 from gateway.state_store import redis_server_binary
-from gateway.telemetry.usage import RedisUsageLedger, Spend, UsageBook
+from gateway.telemetry.prices import Spend
+from gateway.telemetry.usage import RedisUsageLedger, UsageBook
 from gateway.tiering.memory import RedisSessionTiers
 from tests.bench.report import write_report
 

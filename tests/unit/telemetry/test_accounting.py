@@ -15,10 +15,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from gateway.policy import parse_policy
 from gateway.policy.telemetry import PriceSpec
 from gateway.replay.traces import read_trace
+from gateway.telemetry.prices import Prices
 from gateway.telemetry.record import RequestRecord
 from gateway.telemetry.usage import (
     MemoryUsageLedger,
-    Prices,
     UsageBook,
     day_of,
     usage_report,
