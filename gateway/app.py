@@ -41,7 +41,6 @@ from gateway.errors import (
     NotFound,
     error_response,
 )
-from gateway.http1 import Http1Upstream
 from gateway.keys.checks import admin_keys, tenant_keys
 from gateway.keys.runtime import RedisKeys
 from gateway.keys.tenants import Tenants
@@ -54,11 +53,9 @@ from gateway.runtime import CurrentEngineLoads, Runtime, Services, build_runtime
 from gateway.state_store import StateStore
 from gateway.telemetry.service import Telemetry
 from gateway.telemetry.usage import RedisUsageLedger
-from gateway.upstream import Upstream, probe_session
+from gateway.upstream import AiohttpUpstream, Upstream
 
 log = logging.getLogger(__name__)
-
-_GC_YOUNG_THRESHOLD = 100_000  # net tracked allocations between young collections
 
 
 def create_app(
@@ -85,10 +82,8 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        # The clients are created here: they bind to the running loop. A test's own
-        # upstream comes without health checks or /metrics scraping (nothing to poll).
-        client = upstream if upstream is not None else Http1Upstream()
-        probes = probe_session() if upstream is None and health_checks else None
+        # The aiohttp session is created here: it binds to the running loop.
+        client = upstream if upstream is not None else AiohttpUpstream.create()
         await state.open()
         assert state.redis is not None
         if keys is not None:
@@ -109,7 +104,7 @@ def create_app(
             resolver=resolver or SystemResolver(),
             discovery_metrics=discovery_metrics,
             engine_loads=CurrentEngineLoads(),
-            probes=probes,
+            health_checks=health_checks,
         )
         app.state.telemetry = telemetry
         runtime = build_runtime(policy, services)
@@ -130,18 +125,9 @@ def create_app(
         # (A reload thaws and freezes again once the replaced runtime is unused.)
         gc.collect()
         gc.freeze()
-        # Young-generation collections walk every object a request in flight still holds
-        # (a parsed agent request is hundreds of containers; at 32 in flight, tens of
-        # thousands), and at Python's default threshold of 700 they ran about once every
-        # 8 requests: 10% of the gateway's CPU per request at 32 concurrent, measured.
-        # Request objects die by reference counting, not collection, so a higher
-        # threshold only lets cyclic garbage (bounded by the threshold) wait longer.
-        thresholds = gc.get_threshold()
-        gc.set_threshold(_GC_YOUNG_THRESHOLD, *thresholds[1:])
         try:
             yield
         finally:
-            gc.set_threshold(*thresholds)
             gc.unfreeze()
             if reloader is not None:
                 await reloader.stop()  # first: no reload swaps the runtime stopped below
@@ -151,8 +137,6 @@ def create_app(
             current: Runtime = app.state.runtime
             await current.stop()
             await client.close()
-            if probes is not None:
-                await probes.close()
             await telemetry.close()  # before the store closes: the last usage is written
             current.deactivate(services)
             await state.close()
