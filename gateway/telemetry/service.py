@@ -54,7 +54,7 @@ class Telemetry:
         self._capture = False
         self._request_log: RequestLog | None = None
         self._flusher: Periodic | None = None
-        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}  # see _child
+        self._children: dict[tuple[object, tuple[str, ...]], Any] = {}  # see _child
 
     def open(self, usage: UsageLedger | None) -> None:
         """Start what runs in the background: span export, the request log's writer
@@ -171,7 +171,7 @@ class Telemetry:
         """`metric.labels(*values)`, looked up once: prometheus_client validates the
         values and takes a lock on every call (2 us each, a dozen per request). Label
         values here are models, tiers, tenants and statuses, as bounded as the series."""
-        key = (id(metric), values)
+        key = (metric, values)  # metrics hash by identity and live as long as self
         found = self._children.get(key)
         if found is None:
             found = self._children[key] = metric.labels(*values)
