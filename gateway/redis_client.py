@@ -7,6 +7,14 @@ all its connections are busy, with no blocking variant; 200 concurrent GETs over
 `max_connections` commands (or pipelines) are in flight at once, and each holds at most
 one connection per node, so no node's pool of that size can run dry.
 
+redis-py 8.1's asyncio connection writes through `self._writer` after a suspension point,
+and the cluster client disconnects a node's idle connections after any connection error
+or timeout while other commands may already have taken one of them: that command then
+fails with `AttributeError: 'NoneType' object has no attribute 'writelines'`, which no
+retry classifies (seen once in CI on a loaded machine; redis-py#3546, fixed upstream by
+redis-py#4288, unreleased in 8.1). Cluster connections here check the writer first and
+raise `ConnectionError` instead: nothing was sent, so redis-py's own retry repeats it.
+
 A cluster it cannot reach, or one that leaves slots uncovered, raises redis-py's
 `RedisClusterException`, which is no `RedisError`; it is raised as `ClusterUnavailable`
 (a `redis.exceptions.ConnectionError`) so the stores treat it as the outage it is. A
@@ -17,11 +25,13 @@ outage.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from contextvars import ContextVar
 from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterPipeline, RedisCluster
+from redis.asyncio.connection import Connection, SSLConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import CrossSlotTransactionError, RedisClusterException
 
@@ -35,6 +45,29 @@ _holding: ContextVar[bool] = ContextVar("agw_redis_cluster_holding", default=Fal
 
 class ClusterUnavailable(RedisConnectionError):
     """No node of the cluster answers, or some hash slots have no node."""
+
+
+class _WriterGuard(Connection):
+    async def _send_packed_command(self, command: Iterable[bytes]) -> None:
+        writer = self._writer  # read once: no suspension point between check and write
+        if writer is None or writer.transport.is_closing():
+            raise RedisConnectionError("the connection was closed by a concurrent disconnect")
+        writer.writelines(command)
+        await writer.drain()
+
+
+class GuardedConnection(_WriterGuard):
+    """A `Connection` that never writes through a writer another task cleared."""
+
+
+class GuardedSSLConnection(_WriterGuard, SSLConnection):
+    """The same, over TLS."""
+
+
+_GUARDED: dict[type[Connection], type[Connection]] = {
+    Connection: GuardedConnection,
+    SSLConnection: GuardedSSLConnection,
+}
 
 
 class _Gate:
@@ -62,6 +95,12 @@ class GatedRedisCluster(RedisCluster):
     def __init__(self, max_connections: int = 100, **kwargs: Any) -> None:
         super().__init__(max_connections=max_connections, **kwargs)
         self._gate = _Gate(max_connections)
+        # redis-py fixes the class (plain or TLS); nodes found later take it from these
+        # shared keyword arguments, the startup nodes already hold it.
+        guarded = _GUARDED[self.connection_kwargs["connection_class"]]
+        self.connection_kwargs["connection_class"] = guarded
+        for node in self.startup_nodes:
+            node.connection_class = guarded
 
     @classmethod
     def from_url(cls, url: str, **kwargs: Any) -> GatedRedisCluster:

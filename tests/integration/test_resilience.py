@@ -155,7 +155,10 @@ def test_a_replica_killed_mid_stream_ends_the_stream_with_an_error(setup: Setup)
         lines = response.iter_lines()
         first = next(line for line in lines if line.startswith("data: "))
         assert '"choices"' in first
-        os.kill(setup.doomed.pid, signal.SIGKILL)
+        # The whole replica dies, as a container does: vLLM's engine-core process too. Killing
+        # only the API server would leave its engine core orphaned, still generating this
+        # 3,000-token answer and starving the other replicas of this 2-core machine.
+        os.killpg(setup.doomed.pid, signal.SIGKILL)  # its own session: pgid == pid
         rest = list(lines)
     events = [line for line in rest if line.startswith("data: ")]
     assert events, "the stream ended silently"

@@ -236,5 +236,6 @@ def test_a_session_does_not_bounce_between_tiers(
     assert tier == "small"
     assert reason.startswith("router: score ")
     # The session's tier lives in Redis, for every gateway replica to see.
-    stored = redis.Redis.from_url(redis_url).get(session_tier_key("default", session, "sticky"))
+    with redis.Redis.from_url(redis_url) as store:
+        stored = store.get(session_tier_key("default", session, "sticky"))
     assert stored == b"large"
