@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from gateway.policy.schema import CanonicalizeSpec
+from gateway.policy.canonicalize import CanonicalizeSpec
 from gateway.policy.volatile_presets import PRESETS
 
 

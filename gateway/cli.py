@@ -215,7 +215,8 @@ def _trim_table(r: dict[str, Any]) -> str:
 
 
 def _route_train(args: argparse.Namespace) -> int:
-    from gateway.tiering.train import LabelError, TrainConfig, read_labels, train_router
+    from gateway.tiering.labels import LabelError, read_labels
+    from gateway.tiering.train import TrainConfig, train_router
 
     try:
         prompts = read_labels(args.labels)
@@ -239,9 +240,9 @@ def _route_train(args: argparse.Namespace) -> int:
 
 def _route_eval(args: argparse.Namespace) -> int:
     from gateway.tiering.evaluate import route_eval, table
+    from gateway.tiering.labels import LabelError, read_labels
     from gateway.tiering.learned import ArtifactError, LearnedRouter
     from gateway.tiering.rules import policy_fixed_tier
-    from gateway.tiering.train import LabelError, read_labels
 
     try:
         prompts = read_labels(args.labels)

@@ -7,17 +7,13 @@ that owns it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import replace
 
 from starlette.responses import Response
 
 from gateway.answers import Answer, read_answer
 from gateway.approvals.gate import ApprovalGate, GateAnswer, Guard
-from gateway.canonical import Canonicalizer, Fingerprint, fingerprint
 from gateway.errors import (
-    InvalidRequest,
     ModelNotFound,
     NoHealthyReplica,
     OutputCheckFailed,
@@ -25,31 +21,27 @@ from gateway.errors import (
     UpstreamError,
 )
 from gateway.inbound import InboundRequest, parse_request
-from gateway.keys.identity import OPEN_ACCESS, Identity, TenantAccess
+from gateway.keys.identity import OPEN_ACCESS, TenantAccess
 from gateway.keys.settings import TenantPolicies
 from gateway.metrics import GatewayMetrics
 from gateway.policy import Endpoint, Policy
 from gateway.prefix_watch import FingerprintStore
+from gateway.prefixes import PrefixSteps
 from gateway.quota.service import Quota
 from gateway.relay import RelayResponse, ReplayedStream, StreamRelay
 from gateway.replicas import Fleet, Pool
+from gateway.request_context import RequestContext
 from gateway.resilience.dispatcher import Dispatch, Dispatcher
 from gateway.resilience.response_cache import ResponseCache, cache_key
-from gateway.routing.blocks import conversation_key, request_blocks
 from gateway.routing.costs import RouteRequest
 from gateway.routing.router import Decision, Router
-from gateway.sessions.checkpoints import Message
-from gateway.sessions.keys import SessionRef, session_for
-from gateway.sessions.store import StateUnavailable
-from gateway.sessions.turns import SessionTurns, Turn, context_mode
-from gateway.telemetry import names
-from gateway.telemetry.record import RequestRecord, ResultFacts, Stage
+from gateway.sessions.keys import SessionRef
+from gateway.sessions.steps import Checkpointer, SessionSteps, report_turn
+from gateway.sessions.turns import SessionTurns, Turn
+from gateway.telemetry.record import RequestRecord, ResultFacts
 from gateway.tiering.chooser import TierChoice, TierChooser, load_learned_router
 from gateway.tiering.memory import MemorySessionTiers
 from gateway.upstream import Upstream
-
-# Called with the turn's reply and usage once it completed; returns the turn's number.
-Checkpointer = Callable[[Message | None, dict[str, Any] | None], Awaitable[int | None]]
 
 log = logging.getLogger(__name__)
 
@@ -62,23 +54,6 @@ _UPSTREAM_PATHS = {
     Endpoint.completions: "/v1/completions",
     Endpoint.embeddings: "/v1/embeddings",
 }
-
-
-@dataclass(frozen=True)
-class RequestContext:
-    """What the HTTP layer knows about a request besides its body."""
-
-    request_id: str
-    session_id: str | None = None  # the X-Session-Id header
-    context_mode: str | None = None  # the X-Context-Mode header
-    session: SessionRef | None = None  # set by the caller (the Responses API), wins
-    task: str | None = None  # the X-Task header: a label tier rules can match
-    # What telemetry learns about the request; the HTTP layer's, or one nobody reads.
-    record: RequestRecord = field(default_factory=RequestRecord.detached)
-    # The caller's tenant (gateway/auth.py): its models, and the namespace of its state.
-    access: TenantAccess = OPEN_ACCESS
-    # The caller's key (None when authentication is off): its id and own rate limits.
-    identity: Identity | None = None
 
 
 class Pipeline:
@@ -106,7 +81,7 @@ class Pipeline:
             cached_share=router.cached_share,
             load_scorer=load_learned_router,
         )
-        self._sessions = sessions
+        self._sessions = SessionSteps(policy, sessions, metrics)
         self._policy = policy
         # Tool calls held for a person's approval; None (no cost) when the policy names none.
         self._approvals = approvals
@@ -115,20 +90,11 @@ class Pipeline:
         # Each tenant's limits, fallbacks and tiers, merged once (gateway/keys/settings.py).
         self.tenants = tenants or TenantPolicies(policy)
         self._fleet = fleet
-        self._router = router
         self._dispatcher = dispatcher or Dispatcher(policy, router, upstream, metrics)
-        self._fingerprints = fingerprints
+        self._prefixes = PrefixSteps(policy, fingerprints, metrics)
         self._metrics = metrics
-        self._prefix_routing = policy.routing.strategy == "cache_aware"
-        self._fail_closed = policy.sessions.on_store_outage == "fail_closed"
         # Kept deterministic answers, the last fallback (when the policy turns it on).
         self._answers = answers if policy.resilience.response_cache.enabled else None
-        # One canonicaliser (and tool cache) per distinct setting, not per model alias.
-        shared = Canonicalizer(policy.canonicalize)
-        self._canonical = {
-            alias: Canonicalizer(model.canonicalize) if model.canonicalize else shared
-            for alias, model in policy.models.items()
-        }
 
     async def handle(
         self, endpoint: Endpoint, raw_body: bytes, context: RequestContext
@@ -145,10 +111,10 @@ class Pipeline:
                 record.quota = grant  # the edge sends its headers and settles it
                 request = grant.request  # another model when served over budget
         record.note_request(request)  # after the check: only known aliases become labels
-        session = self._session_of(request, context)
+        session = self._sessions.session_of(request, context)
         record.session = session.id if session else None
         with record.stage("hydrate"):
-            turn, request, degraded = await self._hydrate(request, session, context)
+            turn, request, degraded = await self._sessions.hydrate(request, session, context)
         notes: dict[str, str] = {}
         if degraded and session is not None:  # served, not kept: the client is told
             record.degraded = "checkpoint"
@@ -162,11 +128,14 @@ class Pipeline:
         if guard is not None and (kept := await guard.resume(_client_usage(request, hide_usage))):
             return await self._answered_here(kept, request, turn, context, notes)
         with record.stage("canonicalise"):
-            request, tools_json = self._canonicalise(request)
-        if prefix_changes := await self._prefix_changes(request, session):
+            request, tools_json = self._prefixes.canonicalise(request)
+        if prefix_changes := await self._prefixes.changes(request, session):
             notes["X-Gateway-Prefix-Change"] = ",".join(prefix_changes)
-        route = self._route_request(
-            request, session.id if session else context.session_id, tools_json, context
+        route = self._prefixes.route_request(
+            request,
+            session.id if session else context.session_id,
+            tools_json,
+            context.access.name,
         )
         with record.stage("choose_tier"):
             choice = await self._tiers.choose(
@@ -193,7 +162,7 @@ class Pipeline:
         checkpoint = None
         if turn is not None:
             headers["X-Gateway-Session"] = turn.session.id
-            checkpoint = self._checkpointer(turn, request, choice, dispatch, context)
+            checkpoint = self._sessions.checkpointer(turn, request, choice, dispatch, context)
         if request.stream:
             return self._relay_stream(request, dispatch, headers, checkpoint, record, hide_usage)
         return await self._relay_whole(
@@ -249,9 +218,9 @@ class Pipeline:
             headers.update(held.headers)
         if turn is not None:
             headers["X-Gateway-Session"] = turn.session.id
-            commit = self._checkpointer(turn, request, choice, dispatch, context)
+            commit = self._sessions.checkpointer(turn, request, choice, dispatch, context)
             turn_number = await commit(answer.reply, answer.usage)
-            _report_turn(headers, turn_number)
+            report_turn(headers, turn_number)
         return _whole(answer, headers)
 
     def _guard(
@@ -282,8 +251,8 @@ class Pipeline:
         if turn is not None:
             headers["X-Gateway-Session"] = turn.session.id
             route = {"answered_by": "gateway", "approval": kept.approval, "event": kept.event}
-            commit = self._committer(turn, request, request.body, route, context)
-            _report_turn(headers, await commit(kept.answer.reply, kept.answer.usage))
+            commit = self._sessions.committer(turn, request, request.body, route, context)
+            report_turn(headers, await commit(kept.answer.reply, kept.answer.usage))
         return _whole(kept.answer, headers)
 
     def _dispatched(
@@ -339,165 +308,12 @@ class Pipeline:
             message = exc.message.split(" Available models: ")[0] + available
             raise ModelNotFound(message, param="model") from None
 
-    def _session_of(self, request: InboundRequest, context: RequestContext) -> SessionRef | None:
-        if context.session is not None:
-            return context.session
-        if request.endpoint is not Endpoint.chat:
-            return None
-        return session_for(
-            self._policy.sessions, context.session_id, request.body, context.access.name
-        )
-
-    async def _hydrate(
-        self, request: InboundRequest, session: SessionRef | None, context: RequestContext
-    ) -> tuple[Turn | None, InboundRequest, bool]:
-        """Continue the session: in delta mode, put the stored conversation in front. The
-        flag is True when the store could not be read and the turn is served unsaved."""
-        mode = context_mode(context.context_mode)
-        if session is None or self._sessions is None or not self._policy.sessions.enabled:
-            if mode == "delta":
-                raise InvalidRequest(
-                    "X-Context-Mode: delta continues a stored session: name it with "
-                    "X-Session-Id (sessions must be enabled in the policy).",
-                    param="X-Context-Mode",
-                    code="session_required",
-                )
-            return None, request, False
-        try:
-            turn, body = await self._sessions.begin(session, mode, request.body)
-        except StateUnavailable as exc:
-            if mode == "delta" or self._fail_closed:
-                raise  # 503: without the store the conversation cannot be rebuilt or kept
-            # Fail open: the client sent its whole history, so serve it; the next turn's
-            # checkpoint takes in what this one could not store.
-            log.warning("session %s not loaded, turn served unsaved: %s", session.id, exc)
-            self._metrics.checkpoint_failures.inc()
-            return None, request, True
-        if body is not request.body:
-            request = request.with_body(body)
-        if turn.trimmed is not None:
-            trimmed = turn.trimmed
-            self._metrics.trims.labels("fell_back" if trimmed.fell_back else "trimmed").inc()
-            self._metrics.trim_patches.inc(trimmed.patches)
-            self._metrics.trim_schema_failures.inc(trimmed.schema_failures)
-            record = context.record
-            record.trimmed_tokens, record.trim_fell_back = trimmed.saved_tokens, trimmed.fell_back
-            record.stages.append(
-                Stage(
-                    "trim",
-                    trimmed.started_ns,
-                    trimmed.ended_ns,
-                    {names.TRIMMED_TOKENS: trimmed.saved_tokens},
-                )
-            )
-        return turn, request, False
-
-    def _checkpointer(
-        self,
-        turn: Turn,
-        request: InboundRequest,
-        choice: TierChoice,
-        dispatch: Dispatch,
-        context: RequestContext,
-    ) -> Checkpointer:
-        """What to call with the reply once the turn has completed."""
-        decision = dispatch.decision
-        engine_body = {**request.body, "model": choice.pool.spec.served_model}
-        route = {
-            "tier": choice.tier,
-            "tier_reason": choice.reason,
-            "replica": decision.replica.id,
-            "reason": decision.reason,
-            "cached_blocks": decision.cached_blocks,
-            "total_blocks": decision.total_blocks,
-        }
-        return self._committer(turn, request, engine_body, route, context)
-
-    def _committer(
-        self,
-        turn: Turn,
-        request: InboundRequest,
-        engine_body: dict[str, Any],
-        route: dict[str, Any],
-        context: RequestContext,
-    ) -> Checkpointer:
-        sessions = self._sessions
-        assert sessions is not None
-        record = context.record
-
-        async def commit(reply: Message | None, usage: dict[str, Any] | None) -> int | None:
-            try:
-                with record.stage("checkpoint"):
-                    number = await sessions.commit(
-                        turn,
-                        engine_body=engine_body,
-                        reply=reply,
-                        usage=usage,
-                        route=route,
-                        request_id=context.request_id,
-                        model=request.model,
-                    )
-            except StateUnavailable as exc:
-                log.warning("checkpoint of session %s not written: %s", turn.session.id, exc)
-                self._metrics.checkpoint_failures.inc()
-                if self._fail_closed:
-                    raise  # 503, or an error event in place of [DONE]: nothing half-kept
-                return None  # fail open: the answer reaches the client, the turn unsaved
-            self._metrics.checkpoints_written.inc()
-            record.session_turn = number
-            return number
-
-        return commit
-
-    def _canonicalise(self, request: InboundRequest) -> tuple[InboundRequest, bytes | None]:
-        """The canonical request, and its tools serialised (prefix hashing reuses them)."""
-        if request.endpoint is not Endpoint.chat:
-            return request, None
-        canonical = self._canonical[request.model].apply(request.body)
-        if canonical.body is not None:
-            request = request.with_body(canonical.body)
-        return request, canonical.tools_json
-
-    async def _prefix_changes(
-        self, request: InboundRequest, session: SessionRef | None
-    ) -> list[str]:
-        if session is None:
-            return []
-        if not self._canonical[request.model].spec.detect_prefix_changes:
-            return []
-        current = fingerprint(request.body)
-        previous_text = await self._fingerprints.swap(
-            session.id, current.encode(), tenant=session.tenant
-        )
-        previous = Fingerprint.decode(previous_text) if previous_text else None
-        changes = current.changes_from(previous) if previous else []
-        for part in changes:
-            self._metrics.prefix_changes.labels(request.model, part).inc()
-        return changes
-
     def _record_route(self, pool: Pool, decision: Decision) -> None:
         self._metrics.route_decisions.labels(pool.name, decision.reason).inc()
         if decision.total_blocks:
             blocks = self._metrics.prefix_blocks
             blocks.labels(pool.name, "yes").inc(decision.cached_blocks)
             blocks.labels(pool.name, "no").inc(decision.total_blocks - decision.cached_blocks)
-
-    def _route_request(
-        self,
-        request: InboundRequest,
-        session: str | None,
-        tools_json: bytes | None,
-        context: RequestContext,
-    ) -> RouteRequest:
-        blocks: tuple[int, ...] = ()
-        if self._prefix_routing and request.endpoint is not Endpoint.embeddings:
-            routing = self._policy.routing
-            blocks = request_blocks(
-                request.body, routing.block_bytes, tools_json, request.messages_json
-            )
-            if session is None and routing.implicit_sessions:
-                session = conversation_key(request.body, blocks)
-        return RouteRequest(blocks, session, context.access.name)
 
     async def _dispatch(
         self,
@@ -555,7 +371,7 @@ class Pipeline:
         answer = await self._read_answer(request, dispatch, record.result)
         if checkpoint is not None:
             turn_number = await checkpoint(answer.reply, answer.usage)
-            _report_turn(headers, turn_number)
+            report_turn(headers, turn_number)
         if answer_key is not None and self._answers is not None:
             await self._answers.put(answer_key, answer.payload, tenant=tenant)
         return Response(answer.payload, media_type=answer.media_type, headers=headers)
@@ -578,7 +394,7 @@ class Pipeline:
         headers = {**choice.header_values(), "X-Gateway-Fallback": "cache"}
         if turn is not None:  # not a new answer of the engine: the turn is not kept
             headers["X-Gateway-Session"] = turn.session.id
-            _report_turn(headers, None)
+            report_turn(headers, None)
         return Response(payload, media_type="application/json", headers=headers)
 
     def _relay_stream(
@@ -616,12 +432,6 @@ def _whole(answer: Answer, headers: dict[str, str]) -> Response:
 def _client_usage(request: InboundRequest, hide_usage: bool) -> bool:
     """Whether a stream's client asked for the usage chunk (the gateway always does)."""
     return request.stream and not hide_usage
-
-
-def _report_turn(headers: dict[str, str], turn_number: int | None) -> None:
-    headers["X-Gateway-Session-Turn"] = str(turn_number) if turn_number else "unsaved"
-    if not turn_number:
-        headers["X-Gateway-Degraded"] = "checkpoint"
 
 
 def _with_usage(request: InboundRequest) -> tuple[InboundRequest, bool]:

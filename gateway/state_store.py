@@ -25,7 +25,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import BlockingConnectionPool, UnixDomainSocketConnection
 
-from gateway.policy.schema import StateSpec
+from gateway.policy.sessions import StateSpec
 from gateway.redis_client import GatedRedisCluster, RedisClient
 
 log = logging.getLogger(__name__)

@@ -18,8 +18,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from gateway.api.body import read_body
 from gateway.errors import GatewayError, MethodNotAllowed, error_response
 from gateway.keys.identity import access_of, identity_of
-from gateway.pipeline import Pipeline, RequestContext
+from gateway.pipeline import Pipeline
 from gateway.policy import Endpoint
+from gateway.request_context import RequestContext
 from gateway.responses.service import ResponsesService
 from gateway.telemetry.record import RequestRecord
 

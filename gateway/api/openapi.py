@@ -21,13 +21,10 @@ from fastapi import APIRouter
 from starlette.responses import JSONResponse
 
 from gateway.api import openapi_admin
+from gateway.api.openapi_schemas import SCHEMAS, ref
 
 _JSON = "application/json"
 _SSE = "text/event-stream"
-
-
-def _ref(name: str) -> dict[str, Any]:
-    return {"$ref": f"#/components/schemas/{name}"}
 
 
 def _json_body(schema: dict[str, Any]) -> dict[str, Any]:
@@ -71,19 +68,13 @@ def _errors(*statuses: int) -> dict[str, Any]:
         str(status): {
             "description": reasons[status],
             **({"headers": _RATE_LIMIT_HEADERS} if status == 429 else {}),
-            **_json_body(_ref("Error")),
+            **_json_body(ref("Error")),
         }
         for status in statuses
     }
 
 
 _SESSION_PATTERN = "^[A-Za-z0-9._:@/+=-]{1,200}$"
-_MAX_TOKENS = {
-    "type": ["integer", "null"],
-    "minimum": 1,
-    "maximum": 131_072,
-    "description": "At most `limits.max_tokens` (131072 by default, shown here).",
-}
 _CALL_ERRORS = (400, 401, 404, 413, 422, 429, 502, 503, 504)
 _READ_ERRORS = (400, 401, 404, 503)
 
@@ -129,359 +120,16 @@ _SESSION_ID = _path_id(
     "session_id", "1-200 characters of letters, digits and . _ : @ / + = -.", _SESSION_PATTERN
 )
 
-_SCHEMAS: dict[str, Any] = {
-    "Error": {
-        "type": "object",
-        "required": ["error"],
-        "properties": {
-            "error": {
-                "type": "object",
-                "required": ["message", "type", "param", "code"],
-                "properties": {
-                    "message": {"type": "string"},
-                    "type": {"type": "string"},
-                    "param": {"type": ["string", "null"]},
-                    "code": {"type": ["string", "null"]},
-                },
-            }
-        },
-    },
-    "ChatMessage": {
-        "oneOf": [
-            {
-                "type": "object",
-                "required": ["role", "content"],
-                "properties": {
-                    "role": {"enum": ["system", "developer", "user"]},
-                    "content": {"type": "string"},
-                    "name": {"type": "string"},
-                },
-            },
-            {
-                "type": "object",
-                "required": ["role"],
-                "properties": {
-                    "role": {"const": "assistant"},
-                    "content": {"type": ["string", "null"]},
-                    "tool_calls": {"type": "array", "items": _ref("ToolCall")},
-                },
-            },
-            {
-                "type": "object",
-                "required": ["role", "content", "tool_call_id"],
-                "properties": {
-                    "role": {"const": "tool"},
-                    "content": {"type": "string"},
-                    "tool_call_id": {"type": "string"},
-                },
-            },
-        ]
-    },
-    "ToolCall": {
-        "type": "object",
-        "required": ["id", "type", "function"],
-        "properties": {
-            "id": {"type": "string"},
-            "type": {"const": "function"},
-            "function": {
-                "type": "object",
-                "required": ["name", "arguments"],
-                "properties": {"name": {"type": "string"}, "arguments": {"type": "string"}},
-            },
-        },
-    },
-    "Tool": {
-        "type": "object",
-        "required": ["type", "function"],
-        "properties": {
-            "type": {"const": "function"},
-            "function": {
-                "type": "object",
-                "required": ["name"],
-                "properties": {
-                    "name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"},
-                    "description": {"type": "string"},
-                    "parameters": {"type": "object"},
-                    "strict": {"type": "boolean"},
-                },
-            },
-        },
-    },
-    "ChatCompletionRequest": {
-        "type": "object",
-        "description": "OpenAI's chat completion request; fields not listed pass to the engine.",
-        "required": ["model", "messages"],
-        "properties": {
-            "model": {"type": "string", "minLength": 1},
-            "messages": {
-                "type": "array",
-                "minItems": 1,
-                "description": "At most `limits.max_messages` (2048 by default).",
-                "items": _ref("ChatMessage"),
-            },
-            "tools": {
-                "type": "array",
-                "description": "At most `limits.max_tools` (256 by default).",
-                "items": _ref("Tool"),
-            },
-            "tool_choice": {"anyOf": [{"enum": ["none", "auto", "required"]}, {"type": "object"}]},
-            "stream": {"type": ["boolean", "null"]},
-            "stream_options": {
-                "type": ["object", "null"],
-                "properties": {"include_usage": {"type": "boolean"}},
-            },
-            "max_tokens": _MAX_TOKENS,
-            "max_completion_tokens": _MAX_TOKENS,
-            "temperature": {"type": ["number", "null"], "minimum": 0, "maximum": 2},
-            "top_p": {"type": ["number", "null"], "minimum": 0, "maximum": 1},
-            "n": {"type": ["integer", "null"], "minimum": 1, "maximum": 1},
-            "seed": {"type": ["integer", "null"]},
-            "user": {"type": "string"},
-            "metadata": {"type": ["object", "null"], "additionalProperties": {"type": "string"}},
-            "response_format": {"type": "object"},
-        },
-    },
-    "ChatCompletion": {
-        "type": "object",
-        "required": ["id", "object", "choices"],
-        "properties": {
-            "id": {"type": "string"},
-            "object": {"const": "chat.completion"},
-            "created": {"type": "integer"},
-            "model": {"type": "string"},
-            "choices": {
-                "type": "array",
-                "items": {
-                    "type": "object",
-                    "required": ["index", "message"],
-                    "properties": {
-                        "index": {"type": "integer"},
-                        "message": {"type": "object"},
-                        "finish_reason": {"type": ["string", "null"]},
-                    },
-                },
-            },
-            "usage": _ref("Usage"),
-        },
-    },
-    "Usage": {
-        "type": "object",
-        "properties": {
-            "prompt_tokens": {"type": "integer"},
-            "completion_tokens": {"type": "integer"},
-            "total_tokens": {"type": "integer"},
-        },
-    },
-    "CompletionRequest": {
-        "type": "object",
-        "required": ["model", "prompt"],
-        "properties": {
-            "model": {"type": "string", "minLength": 1},
-            "prompt": {
-                "anyOf": [
-                    {"type": "string"},
-                    {"type": "array", "items": {"type": "string"}, "minItems": 1},
-                ]
-            },
-            "stream": {"type": ["boolean", "null"]},
-            "max_tokens": _MAX_TOKENS,
-            "temperature": {"type": ["number", "null"], "minimum": 0, "maximum": 2},
-        },
-    },
-    "Completion": {
-        "type": "object",
-        "required": ["id", "object", "choices"],
-        "properties": {
-            "id": {"type": "string"},
-            "object": {"const": "text_completion"},
-            "choices": {"type": "array", "items": {"type": "object"}},
-            "usage": _ref("Usage"),
-        },
-    },
-    "EmbeddingRequest": {
-        "type": "object",
-        "required": ["model", "input"],
-        "properties": {
-            "model": {"type": "string", "minLength": 1},
-            "input": {
-                "anyOf": [
-                    {"type": "string"},
-                    {"type": "array", "items": {"type": "string"}, "minItems": 1},
-                ]
-            },
-            "encoding_format": {"enum": ["float", "base64"]},
-        },
-    },
-    "EmbeddingList": {
-        "type": "object",
-        "required": ["object", "data"],
-        "properties": {
-            "object": {"const": "list"},
-            "data": {"type": "array", "items": {"type": "object"}},
-            "model": {"type": "string"},
-            "usage": {"type": "object"},
-        },
-    },
-    "ResponseRequest": {
-        "type": "object",
-        "description": "OpenAI's Responses API request, function tools only.",
-        "required": ["model", "input"],
-        "properties": {
-            "model": {"type": "string", "minLength": 1},
-            "input": {
-                "anyOf": [
-                    {"type": "string"},
-                    {
-                        "type": "array",
-                        "description": "At most `limits.max_messages` items.",
-                        "items": {
-                            "type": "object",
-                            "required": ["role", "content"],
-                            "properties": {
-                                "type": {"const": "message"},
-                                "role": {"enum": ["user", "assistant", "system", "developer"]},
-                                "content": {"type": "string"},
-                            },
-                        },
-                    },
-                ]
-            },
-            "instructions": {"type": ["string", "null"]},
-            "previous_response_id": {"type": ["string", "null"]},
-            "store": {"type": ["boolean", "null"]},
-            "stream": {"type": ["boolean", "null"]},
-            "max_output_tokens": {**_MAX_TOKENS, "minimum": 16},
-            "temperature": {"type": ["number", "null"], "minimum": 0, "maximum": 2},
-            "top_p": {"type": ["number", "null"], "minimum": 0, "maximum": 1},
-            "metadata": {"type": ["object", "null"], "additionalProperties": {"type": "string"}},
-            "tools": {
-                "type": "array",
-                "items": {
-                    "type": "object",
-                    "required": ["type", "name"],
-                    "properties": {
-                        "type": {"const": "function"},
-                        "name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"},
-                        "description": {"type": "string"},
-                        "parameters": {"type": "object"},
-                    },
-                },
-            },
-        },
-    },
-    "Response": {
-        "type": "object",
-        "required": ["id", "object", "created_at", "status", "model", "output"],
-        "properties": {
-            "id": {"type": "string"},
-            "object": {"const": "response"},
-            "created_at": {"type": "integer"},
-            "status": {"enum": ["completed", "incomplete", "in_progress", "failed"]},
-            "model": {"type": "string"},
-            "output": {"type": "array", "items": {"type": "object"}},
-            "usage": {"type": "object"},
-        },
-    },
-    "Deleted": {
-        "type": "object",
-        "required": ["id", "object", "deleted"],
-        "properties": {
-            "id": {"type": "string"},
-            "object": {"type": "string"},
-            "deleted": {"const": True},
-        },
-    },
-    "Model": {
-        "type": "object",
-        "required": ["id", "object", "created", "owned_by"],
-        "properties": {
-            "id": {"type": "string"},
-            "object": {"const": "model"},
-            "created": {"type": "integer"},
-            "owned_by": {"type": "string"},
-        },
-    },
-    "ModelList": {
-        "type": "object",
-        "required": ["object", "data"],
-        "properties": {
-            "object": {"const": "list"},
-            "data": {"type": "array", "items": _ref("Model")},
-        },
-    },
-    "UsageReport": {
-        "type": "object",
-        "required": ["object"],
-        "properties": {
-            "object": {"enum": ["usage", "session.usage"]},
-            "data": {"type": "array", "items": {"type": "object"}},
-            "totals": {"type": "object"},
-        },
-    },
-    "CheckpointList": {
-        "type": "object",
-        "required": ["object", "session_id", "data"],
-        "properties": {
-            "object": {"const": "list"},
-            "session_id": {"type": "string"},
-            "data": {"type": "array", "items": {"type": "object", "required": ["turn"]}},
-        },
-    },
-    "Checkpoint": {
-        "type": "object",
-        "required": ["object", "session_id", "turn", "client_messages", "engine_request"],
-        "properties": {
-            "object": {"const": "session.checkpoint"},
-            "session_id": {"type": "string"},
-            "turn": {"type": "integer", "minimum": 1},
-            "client_messages": {"type": "array"},
-            "engine_request": {"type": "object"},
-        },
-    },
-    "ForkRequest": {
-        "type": "object",
-        "properties": {
-            "turn": {"type": "integer", "minimum": 1},
-            "session_id": {"type": "string"},
-        },
-    },
-    "Session": {
-        "type": "object",
-        "required": ["object", "id", "turns"],
-        "properties": {
-            "object": {"const": "session"},
-            "id": {"type": "string"},
-            "turns": {"type": "integer"},
-        },
-    },
-    "Artifact": {
-        "type": "object",
-        "required": ["object", "id", "session_id"],
-        "properties": {"object": {"const": "session.artifact"}, "id": {"type": "string"}},
-    },
-    "ServerSentEvent": {
-        "type": "object",
-        "description": "One event: `data` is a JSON chunk, or `[DONE]` at the end.",
-        "required": ["data"],
-        "properties": {"event": {"type": "string"}, "data": {"type": "string"}},
-    },
-    "Status": {
-        "type": "object",
-        "required": ["status"],
-        "properties": {"status": {"type": "string"}},
-    },
-}
-
 
 def _call(summary: str, request: str, answer: str, *, streams: bool) -> dict[str, Any]:
-    content: dict[str, Any] = {_JSON: {"schema": _ref(answer)}}
+    content: dict[str, Any] = {_JSON: {"schema": ref(answer)}}
     if streams:  # with `"stream": true`: server-sent events, as OpenAI's
-        content[_SSE] = {"itemSchema": _ref("ServerSentEvent")}
+        content[_SSE] = {"itemSchema": ref("ServerSentEvent")}
     return {
         "post": {
             "summary": summary,
             "parameters": _SESSION_HEADERS,
-            "requestBody": {"required": True, **_json_body(_ref(request))},
+            "requestBody": {"required": True, **_json_body(ref(request))},
             "responses": {"200": {"description": "The answer.", "content": content}},
         }
     }
@@ -521,21 +169,21 @@ def _paths() -> dict[str, Any]:
     handle = _path_id("handle", "`m<message index>`, as compaction names an elided result.")
     reads: dict[str, dict[str, Any]] = {
         "/v1/responses/{response_id}": {
-            "get": _get("Retrieve a stored response", _ref("Response"), parameters=[response_id]),
-            "delete": _get("Delete a stored response", _ref("Deleted"), parameters=[response_id]),
+            "get": _get("Retrieve a stored response", ref("Response"), parameters=[response_id]),
+            "delete": _get("Delete a stored response", ref("Deleted"), parameters=[response_id]),
         },
-        "/v1/models": {"get": _get("List the model aliases", _ref("ModelList"))},
+        "/v1/models": {"get": _get("List the model aliases", ref("ModelList"))},
         "/v1/models/{model}": {
             "get": _get(
                 "Retrieve a model alias",
-                _ref("Model"),
+                ref("Model"),
                 parameters=[_path_id("model", "A model alias of the policy.")],
             )
         },
         "/v1/usage": {
             "get": _get(
                 "Tokens, cost and savings per tenant, model and day, or of one session",
-                _ref("UsageReport"),
+                ref("UsageReport"),
                 parameters=[
                     {"name": name, "in": "query", "required": False, "schema": schema}
                     for name, schema in (
@@ -548,24 +196,24 @@ def _paths() -> dict[str, Any]:
             )
         },
         "/v1/sessions/{session_id}": {
-            "delete": _get("Delete a session", _ref("Deleted"), parameters=[_SESSION_ID])
+            "delete": _get("Delete a session", ref("Deleted"), parameters=[_SESSION_ID])
         },
         "/v1/sessions/{session_id}/checkpoints": {
             "get": _get(
-                "List a session's checkpoints", _ref("CheckpointList"), parameters=[_SESSION_ID]
+                "List a session's checkpoints", ref("CheckpointList"), parameters=[_SESSION_ID]
             )
         },
         "/v1/sessions/{session_id}/checkpoints/{turn}": {
             "get": _get(
                 "What the engine was sent at a turn, and why",
-                _ref("Checkpoint"),
+                ref("Checkpoint"),
                 parameters=[_SESSION_ID, turn],
             )
         },
         "/v1/sessions/{session_id}/artifacts/{handle}": {
             "get": _get(
                 "A tool result that compaction elided, whole",
-                _ref("Artifact"),
+                ref("Artifact"),
                 parameters=[_SESSION_ID, handle],
             )
         },
@@ -573,8 +221,8 @@ def _paths() -> dict[str, Any]:
             "post": {
                 "summary": "Fork a session from a checkpoint",
                 "parameters": [_SESSION_ID],
-                "requestBody": {"required": False, **_json_body(_ref("ForkRequest"))},
-                "responses": {"201": {"description": "Created", **_json_body(_ref("Session"))}},
+                "requestBody": {"required": False, **_json_body(ref("ForkRequest"))},
+                "responses": {"201": {"description": "Created", **_json_body(ref("Session"))}},
             }
         },
     }
@@ -590,11 +238,11 @@ def _paths() -> dict[str, Any]:
 
 def _open_routes() -> dict[str, Any]:
     """Probes, metrics and the dashboard: no key needed."""
-    ready = _get("Ready when every model has a healthy replica", _ref("Status"))
-    ready["responses"]["503"] = {"description": "Not ready", **_json_body(_ref("Status"))}
+    ready = _get("Ready when every model has a healthy replica", ref("Status"))
+    ready["responses"]["503"] = {"description": "Not ready", **_json_body(ref("Status"))}
     text = {"schema": {"type": "string"}}
     return {
-        "/healthz": {"get": {**_get("Alive", _ref("Status")), "security": []}},
+        "/healthz": {"get": {**_get("Alive", ref("Status")), "security": []}},
         "/readyz": {"get": {**ready, "security": []}},
         "/metrics": {
             "get": {
@@ -632,7 +280,7 @@ def openapi_document() -> dict[str, Any]:
         # The admin API (gateway/api/openapi_admin.py): its routes, schemas and own scheme.
         "paths": {**_paths(), **openapi_admin.paths(_path_id, _SESSION_PATTERN)},
         "components": {
-            "schemas": {**_SCHEMAS, **openapi_admin.SCHEMAS},
+            "schemas": {**SCHEMAS, **openapi_admin.SCHEMAS},
             "securitySchemes": {
                 "bearer": {"type": "http", "scheme": "bearer"},
                 openapi_admin.SCHEME: openapi_admin.SECURITY_SCHEME,

@@ -7,21 +7,21 @@ reload (gateway/reload.py).
 
 from __future__ import annotations
 
-import re
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, Field, model_validator
 
 from gateway.policy.approvals import ApprovalsSpec
 from gateway.policy.base import Name, Strict
+from gateway.policy.canonicalize import CanonicalizeSpec
 from gateway.policy.quota import BudgetSpec, QuotaSpec, RateLimitSpec
 from gateway.policy.resilience import ResilienceSpec
+from gateway.policy.sessions import SessionsSpec, StateSpec, TrimmingSpec
 from gateway.policy.telemetry import PriceSpec, TelemetrySpec
 from gateway.policy.tenant_overrides import LimitsOverride, TrimmingOverride
 from gateway.policy.tiering import TieringSpec
-from gateway.policy.volatile_presets import PRESETS
 
 
 class Endpoint(StrEnum):
@@ -159,142 +159,6 @@ class RoutingSpec(Strict):
         0.98, gt=0, le=1, description="KV usage at which a replica is saturated."
     )
     scrape_interval_s: float = Field(1.0, gt=0, description="How often engines' /metrics are read.")
-
-
-class VolatilePattern(Strict):
-    name: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]*$")] = Field(
-        description="Placeholder name; without `regex`, a preset: " + ", ".join(sorted(PRESETS))
-    )
-    regex: str | None = Field(None, description="Python regex; defaults to the preset's.")
-
-    @model_validator(mode="after")
-    def _regex_or_preset(self) -> VolatilePattern:
-        if self.regex is None and self.name not in PRESETS:
-            raise ValueError(
-                f"no preset named {self.name!r}: give a regex or one of {sorted(PRESETS)}"
-            )
-        if self.regex is not None:
-            try:
-                re.compile(self.regex)
-            except re.error as exc:
-                raise ValueError(f"not a valid regex: {exc}") from None
-        return self
-
-
-class VolatileSpec(Strict):
-    patterns: tuple[VolatilePattern, ...] = Field(min_length=1)
-    placement: Literal["trailing_system", "last_user"] = Field(
-        "trailing_system",
-        description="Where the cut values go: a final system note, or the last user message.",
-    )
-    note_prefix: str = "Current values:"
-
-
-class CanonicalizeSpec(Strict):
-    sort_tools: bool = Field(True, description="Order tools by function name.")
-    sort_schema_keys: bool = Field(True, description="Serialise tool schemas with sorted keys.")
-    volatile: VolatileSpec | None = Field(
-        None, description="Move volatile values out of the system prompt (off unless set)."
-    )
-    detect_prefix_changes: bool = Field(
-        True, description="Report, per session, when the system prompt or tools change."
-    )
-
-
-class StateSpec(Strict):
-    redis_url: str = Field(
-        "",
-        description=(
-            "redis:// or rediss:// URL of the state store; empty starts an embedded, "
-            "durable Redis in embedded_dir."
-        ),
-    )
-    embedded_dir: str = Field(".run/state", description="Data directory of the embedded Redis.")
-    max_connections: int = Field(
-        256,
-        ge=1,
-        description="Size of the blocking connection pool; in cluster mode, the most commands "
-        "in flight at once (each node's pool has this many connections at most).",
-    )
-    cluster: bool = Field(
-        False,
-        description="The Redis at redis_url is one node of a Redis Cluster: the others are "
-        "discovered from it, and keys are hash-tagged so a session lives in one slot.",
-    )
-
-    @model_validator(mode="after")
-    def _cluster_needs_a_node(self) -> StateSpec:
-        if not self.cluster:
-            return self
-        if not self.redis_url:
-            raise ValueError("state.cluster needs redis_url: any node of the cluster")
-        database = urlsplit(self.redis_url).path.strip("/")
-        if database not in ("", "0"):
-            raise ValueError(
-                f"a Redis Cluster has only database 0; redis_url names database {database}"
-            )
-        return self
-
-
-class SessionsSpec(Strict):
-    enabled: bool = Field(True, description="Checkpoint every turn of a keyed session in Redis.")
-    key_from: tuple[Literal["header", "metadata", "user"], ...] = Field(
-        ("header",),
-        description="Where a session key is read, first found wins: the X-Session-Id header, "
-        "`metadata.session_id`, or the `user` field.",
-    )
-    ttl_s: int = Field(
-        7 * 86_400,
-        ge=60,
-        description="A session's checkpoints expire this long after its last turn.",
-    )
-    on_store_outage: Literal["fail_open", "fail_closed"] = Field(
-        "fail_open",
-        description="Redis unreachable: serve session turns unsaved (X-Gateway-Degraded: "
-        "checkpoint), or refuse them with 503.",
-    )
-
-
-class StateToolSpec(Strict):
-    entity: Name = Field(description="The kind of entity this tool's result is a snapshot of.")
-    id_field: str | None = Field(None, description="Field of the result naming the entity.")
-    id_argument: str | None = Field(
-        None, description="Argument of the call naming the entity (when the result does not)."
-    )
-    schema_: dict[str, Any] | None = Field(
-        None,
-        alias="schema",
-        description="JSON Schema a snapshot must meet; one that fails is sent whole.",
-    )
-
-    @model_validator(mode="after")
-    def _named_somehow(self) -> StateToolSpec:
-        if (self.id_field is None) == (self.id_argument is None):
-            raise ValueError("give exactly one of id_field or id_argument")
-        return self
-
-
-class TrimmingSpec(Strict):
-    enabled: bool = Field(False, description="Trim session contexts (off unless turned on).")
-    high_water_tokens: int = Field(
-        6000, ge=64, description="History tokens (after system + tools) that trigger compaction."
-    )
-    low_water_tokens: int = Field(
-        2500, ge=64, description="Compaction keeps a tail of at most this many history tokens."
-    )
-    tokenizer: str | None = Field(
-        None, description="The engine model's tokenizer.json for token counts."
-    )
-    state_tools: dict[str, StateToolSpec] = Field(
-        default_factory=dict,
-        description="Tools whose results are snapshots of an entity, by tool name.",
-    )
-
-    @model_validator(mode="after")
-    def _low_below_high(self) -> TrimmingSpec:
-        if self.low_water_tokens >= self.high_water_tokens:
-            raise ValueError("low_water_tokens must be below high_water_tokens")
-        return self
 
 
 class ReplicaSpec(Strict):

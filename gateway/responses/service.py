@@ -23,9 +23,10 @@ from gateway.errors import InvalidRequest, NotFound
 from gateway.inbound import check_array_length, check_depth, check_max_tokens, json_object
 from gateway.keys.identity import OPEN_ACCESS, Identity, TenantAccess
 from gateway.keys.settings import TenantPolicies
-from gateway.pipeline import Pipeline, RequestContext
+from gateway.pipeline import Pipeline
 from gateway.policy import Endpoint
 from gateway.policy.schema import LimitsSpec
+from gateway.request_context import RequestContext
 from gateway.responses.convert import (
     chat_body,
     input_messages,

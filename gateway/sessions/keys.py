@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.errors import InvalidRequest
-from gateway.policy.schema import SessionsSpec
+from gateway.policy.sessions import SessionsSpec
 from gateway.redis_keys import session_key
 
 DEFAULT_TENANT = "default"

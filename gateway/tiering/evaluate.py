@@ -33,10 +33,10 @@ from typing import Any
 import numpy as np
 
 from gateway.replay.sim import percentile
+from gateway.tiering.labels import LabeledPrompt
 from gateway.tiering.learned import LearnedRouter
 from gateway.tiering.train import (
     Design,
-    LabeledPrompt,
     Progress,
     TrainConfig,
     Vector,

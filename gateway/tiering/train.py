@@ -1,8 +1,7 @@
 """Training the learned tier router from labelled prompts (`gateway route-train`), in numpy.
 
-Labels are RouteLLM-style JSONL, one prompt a line: `source`, optional `subject`, `prompt`,
-and whether each tier answered it right (`small_correct`/`large_correct`, booleans) or how
-well (`small_score`/`large_score`, floats in [0, 1]).
+Labels are RouteLLM-style JSONL (gateway/tiering/labels.py reads them); the losses are
+minimised with L-BFGS (gateway/tiering/lbfgs.py).
 
 The model is one linear logit over the hashed and numeric features of
 `gateway.tiering.features`, the sum of two L2-penalised logistic regressions ("heads"):
@@ -36,17 +35,17 @@ threshold then means something.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from gateway.tiering.features import DIFFICULTY_NAMES, FEATURES_VERSION, NUMERIC_NAMES, extract
+from gateway.tiering.labels import LabeledPrompt
+from gateway.tiering.lbfgs import minimise
 from gateway.tiering.learned import LearnedRouter
 
 Vector = npt.NDArray[np.float64]
@@ -55,64 +54,6 @@ Progress = Callable[[str], None]
 
 QUALITY_KEPT = 0.95
 NUMERIC_CLIP = 5.0  # standard deviations: an unusual prompt cannot swing the score alone
-
-
-class LabelError(ValueError):
-    pass
-
-
-@dataclass(frozen=True)
-class LabeledPrompt:
-    source: str
-    group: str  # MMLU subject, else the source: the unit held out together
-    prompt: str
-    small_ok: float  # 1.0 right, 0.0 wrong, or a score in between
-    large_ok: float
-
-    @property
-    def small_advantage(self) -> float:
-        """The training target in [0, 1]: 1 small right and large wrong, 0.5 a tie."""
-        return (self.small_ok - self.large_ok + 1.0) / 2.0
-
-
-def read_labels(path: str | Path) -> list[LabeledPrompt]:
-    prompts = []
-    with open(path, encoding="utf-8") as lines:
-        for number, line in enumerate(lines, 1):
-            if line.strip():
-                try:
-                    prompts.append(_labeled(json.loads(line)))
-                except (json.JSONDecodeError, LabelError, TypeError) as exc:
-                    raise LabelError(f"{path}:{number}: {exc}") from exc
-    if not prompts:
-        raise LabelError(f"{path}: no labelled prompts")
-    return prompts
-
-
-def _labeled(record: Any) -> LabeledPrompt:
-    if not isinstance(record, dict):
-        raise LabelError("not a JSON object")
-    source, prompt = record.get("source"), record.get("prompt")
-    if not isinstance(source, str) or not isinstance(prompt, str):
-        raise LabelError("needs string `source` and `prompt`")
-    subject = record.get("subject")
-    return LabeledPrompt(
-        source=source,
-        group=subject if isinstance(subject, str) and subject else source,
-        prompt=prompt,
-        small_ok=_outcome(record, "small"),
-        large_ok=_outcome(record, "large"),
-    )
-
-
-def _outcome(record: dict[str, Any], tier: str) -> float:
-    score = record.get(f"{tier}_score")
-    if isinstance(score, int | float) and not isinstance(score, bool) and 0 <= score <= 1:
-        return float(score)
-    correct = record.get(f"{tier}_correct")
-    if isinstance(correct, bool):
-        return float(correct)
-    raise LabelError(f"needs `{tier}_correct` (boolean) or `{tier}_score` (0..1)")
 
 
 @dataclass(frozen=True)
@@ -278,7 +219,7 @@ def fit_head(
         )
         return loss + penalty, gradient
 
-    p = _lbfgs(objective, np.zeros(n_hashed + n_numeric + n_groups + 1), config.iterations)
+    p = minimise(objective, np.zeros(n_hashed + n_numeric + n_groups + 1), config.iterations)
     hashed = np.zeros(design.hashed_dim)
     hashed[used] = p[:n_hashed]
     # The group intercepts are dropped; their mean joins the bias, so a prompt from a group
@@ -411,54 +352,3 @@ def _standardised(numeric: Vector, mean: Vector, scale: Vector) -> Vector:
 
 def _sigmoid(x: Vector) -> Vector:
     return 0.5 * (1.0 + np.tanh(0.5 * x))
-
-
-def _lbfgs(
-    objective: Callable[[Vector], tuple[float, Vector]],
-    start: Vector,
-    iterations: int,
-    memory: int = 10,
-    tolerance: float = 1e-6,
-) -> Vector:
-    """Limited-memory BFGS with a backtracking (Armijo) line search: enough for a smooth
-    convex loss, and no scipy."""
-    x = start.copy()
-    value, gradient = objective(x)
-    steps: list[tuple[Vector, Vector, float]] = []  # (s, y, 1 / y.s)
-    for _ in range(iterations):
-        direction = -_two_loop(gradient, steps)
-        slope = float(gradient @ direction)
-        if slope >= 0:  # not a descent direction: forget the curvature, go downhill
-            steps.clear()
-            direction, slope = -gradient, -float(gradient @ gradient)
-        step = 1.0
-        while True:
-            candidate = x + step * direction
-            new_value, new_gradient = objective(candidate)
-            if new_value <= value + 1e-4 * step * slope or step < 1e-10:
-                break
-            step *= 0.5
-        s, y = candidate - x, new_gradient - gradient
-        curvature = float(s @ y)
-        if curvature > 1e-12:
-            steps.append((s, y, 1.0 / curvature))
-            del steps[:-memory]
-        x, value, gradient = candidate, new_value, new_gradient
-        if float(np.abs(gradient).max()) < tolerance:
-            break
-    return x
-
-
-def _two_loop(gradient: Vector, steps: list[tuple[Vector, Vector, float]]) -> Vector:
-    q = gradient.copy()
-    alphas = []
-    for s, y, rho in reversed(steps):
-        alpha = rho * float(s @ q)
-        alphas.append(alpha)
-        q -= alpha * y
-    if steps:
-        s, y, _ = steps[-1]
-        q *= float(s @ y) / float(y @ y)
-    for (s, y, rho), alpha in zip(steps, reversed(alphas), strict=True):
-        q += s * (alpha - rho * float(y @ q))
-    return q

@@ -13,7 +13,7 @@ from typing import Any
 import jsonschema
 import orjson
 
-from gateway.policy.schema import StateToolSpec
+from gateway.policy.sessions import StateToolSpec
 from gateway.sessions.checkpoints import Message
 
 

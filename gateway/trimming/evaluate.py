@@ -29,7 +29,7 @@ import jsonpatch
 import numpy as np
 import orjson
 
-from gateway.policy.schema import TrimmingSpec
+from gateway.policy.sessions import TrimmingSpec
 from gateway.sessions.checkpoints import Message
 from gateway.sessions.keys import SessionRef
 from gateway.sessions.replies import normalise

@@ -5,7 +5,7 @@ merged settings differ from it (`tenants.<name>.trimming`), sharing one token co
 from __future__ import annotations
 
 from gateway.keys.settings import TenantPolicies
-from gateway.policy.schema import TrimmingSpec
+from gateway.policy.sessions import TrimmingSpec
 from gateway.trimming.tokens import TokenCounter, token_counter
 from gateway.trimming.trim import Trimmer
 

@@ -26,7 +26,7 @@ from typing import Any
 import jsonpatch
 import orjson
 
-from gateway.policy.schema import TrimmingSpec
+from gateway.policy.sessions import TrimmingSpec
 from gateway.sessions.checkpoints import Message
 from gateway.trimming.conversation import (
     Snapshot,

@@ -35,7 +35,7 @@ import redis.asyncio as aioredis
 
 from engine.supervisor import ROOT, free_port
 from gateway.canonical import fingerprint
-from gateway.policy.schema import SessionsSpec
+from gateway.policy.sessions import SessionsSpec
 from gateway.prefix_watch import RedisFingerprints
 from gateway.responses.convert import output_items, response_object, usage_of
 from gateway.responses.records import RedisResponseRecords

@@ -23,8 +23,8 @@ import time
 from engine.supervisor import ROOT
 from gateway.replay.sim import percentile
 from gateway.tiering.evaluate import route_eval, table
+from gateway.tiering.labels import read_labels
 from gateway.tiering.learned import LearnedRouter
-from gateway.tiering.train import read_labels
 from tests.bench.report import write_report
 from tests.conftest import SHARED_DATA
 

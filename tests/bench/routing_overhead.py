@@ -22,7 +22,8 @@ from typing import Any
 
 from engine.supervisor import ROOT
 from gateway.canonical import Canonicalizer
-from gateway.policy.schema import CanonicalizeSpec, RoutingSpec
+from gateway.policy.canonicalize import CanonicalizeSpec
+from gateway.policy.schema import RoutingSpec
 from gateway.replay.sim import percentile
 from gateway.replicas import Replica
 from gateway.routing.blocks import conversation_key, request_blocks

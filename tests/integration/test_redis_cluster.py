@@ -28,7 +28,7 @@ from starlette.testclient import TestClient
 from engine.supervisor import free_port
 from gateway.app import create_app
 from gateway.policy import parse_policy
-from gateway.policy.schema import StateSpec
+from gateway.policy.sessions import StateSpec
 from gateway.redis_client import GatedRedisCluster
 from gateway.redis_keys import USAGE_TENANTS_KEY, session_key, usage_day_key
 from gateway.sessions.keys import SessionRef

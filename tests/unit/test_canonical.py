@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from gateway.canonical import Canonicalizer, fingerprint
-from gateway.policy.schema import CanonicalizeSpec, VolatilePattern, VolatileSpec
+from gateway.policy.canonicalize import CanonicalizeSpec, VolatilePattern, VolatileSpec
 from gateway.routing.blocks import request_blocks
 from tests.conftest import SHARED_DATA
 

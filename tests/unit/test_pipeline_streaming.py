@@ -12,10 +12,11 @@ from starlette.responses import StreamingResponse
 from starlette.types import Message, Scope
 
 from gateway.metrics import GatewayMetrics
-from gateway.pipeline import Pipeline, RequestContext
+from gateway.pipeline import Pipeline
 from gateway.policy import Endpoint, parse_policy
 from gateway.prefix_watch import MemoryFingerprints
 from gateway.replicas import Fleet
+from gateway.request_context import RequestContext
 from gateway.routing.router import RoundRobinRouter
 from gateway.sessions.keys import SessionRef
 from gateway.sessions.store import MemoryCheckpoints

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from redis.asyncio.cluster import RedisCluster
 from redis.crc import key_slot
 
-from gateway.policy.schema import StateSpec
+from gateway.policy.sessions import StateSpec
 from gateway.prefix_watch import RedisFingerprints
 from gateway.redis_client import ClusterUnavailable
 from gateway.redis_keys import answer_key, response_key, session_key, session_tier_key

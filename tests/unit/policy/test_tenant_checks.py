@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from gateway.policy import Policy, PolicyError, parse_policy
-from gateway.policy.schema import LimitsSpec, TrimmingSpec
+from gateway.policy.schema import LimitsSpec
+from gateway.policy.sessions import TrimmingSpec
 from gateway.policy.tenant_overrides import (
     LimitsOverride,
     TrimmingOverride,

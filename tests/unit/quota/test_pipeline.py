@@ -10,12 +10,13 @@ import pytest
 from gateway.errors import BudgetExceeded, RateLimited
 from gateway.keys.identity import Identity, TenantAccess
 from gateway.metrics import GatewayMetrics
-from gateway.pipeline import Pipeline, RequestContext
+from gateway.pipeline import Pipeline
 from gateway.policy import Endpoint, Policy, parse_policy
 from gateway.prefix_watch import MemoryFingerprints
 from gateway.quota.memory import MemoryQuotaStore
 from gateway.quota.service import Grant, Quota
 from gateway.replicas import Fleet
+from gateway.request_context import RequestContext
 from gateway.routing.router import RoundRobinRouter
 from gateway.telemetry.record import RequestRecord
 from tests.fakes import Call, FakeUpstream, Scripted

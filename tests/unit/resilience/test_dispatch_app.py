@@ -10,10 +10,11 @@ import pytest
 
 from gateway.errors import Overloaded
 from gateway.metrics import GatewayMetrics
-from gateway.pipeline import Pipeline, RequestContext
+from gateway.pipeline import Pipeline
 from gateway.policy import Endpoint, Policy, parse_policy
 from gateway.prefix_watch import MemoryFingerprints
 from gateway.replicas import Fleet
+from gateway.request_context import RequestContext
 from gateway.resilience.dispatcher import Dispatcher
 from gateway.resilience.response_cache import cache_key
 from gateway.routing.router import EngineLoad, RoundRobinRouter

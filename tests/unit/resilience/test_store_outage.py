@@ -11,10 +11,11 @@ from starlette.responses import Response, StreamingResponse
 
 from gateway.errors import GatewayError
 from gateway.metrics import GatewayMetrics
-from gateway.pipeline import Pipeline, RequestContext
+from gateway.pipeline import Pipeline
 from gateway.policy import Endpoint, Policy, parse_policy
 from gateway.prefix_watch import MemoryFingerprints
 from gateway.replicas import Fleet
+from gateway.request_context import RequestContext
 from gateway.routing.router import RoundRobinRouter
 from gateway.sessions.checkpoints import Checkpoint
 from gateway.sessions.keys import SessionRef

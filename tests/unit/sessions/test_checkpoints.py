@@ -8,7 +8,7 @@ import orjson
 import pytest
 
 from gateway.errors import InvalidRequest
-from gateway.policy.schema import SessionsSpec
+from gateway.policy.sessions import SessionsSpec
 from gateway.sessions.checkpoints import (
     Checkpoint,
     engine_request,

@@ -18,16 +18,15 @@ from gateway.tiering.features import (
     TAIL_CHARS,
     extract,
 )
+from gateway.tiering.labels import LabelError, read_labels
 from gateway.tiering.learned import ArtifactError, LearnedRouter
 from gateway.tiering.train import (
     ADVANTAGE,
     DIFFICULTY,
     Design,
-    LabelError,
     TrainConfig,
     fit,
     fit_head,
-    read_labels,
     train_router,
 )
 

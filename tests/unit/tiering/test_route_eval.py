@@ -22,7 +22,8 @@ from gateway.tiering.evaluate import (
     route_eval,
     small_share_at,
 )
-from gateway.tiering.train import LabeledPrompt, TrainConfig, grouped_folds
+from gateway.tiering.labels import LabeledPrompt, read_labels
+from gateway.tiering.train import TrainConfig, grouped_folds
 
 from .test_learned import write_labels
 
@@ -133,7 +134,7 @@ def test_route_eval_json_reports_each_source(
 
 def test_route_eval_scores_an_artifact_as_it_is(tmp_path: Path) -> None:
     labels = write_labels(tmp_path / "labels.jsonl")
-    prompts = train.read_labels(labels)
+    prompts = read_labels(labels)
     router = train.train_router(prompts, FAST)
     rules = {"Easy one": "small"}
     report = route_eval(prompts, router=router, fixed_tier=lambda p: rules.get(p.split(":")[0]))

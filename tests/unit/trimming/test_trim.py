@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from gateway.policy import load_policy
-from gateway.policy.schema import StateToolSpec, TrimmingSpec
+from gateway.policy.sessions import StateToolSpec, TrimmingSpec
 from gateway.sessions.replies import normalise
 from gateway.trimming.conversation import problems, tool_results
 from gateway.trimming.tokens import ByteEstimate, TiktokenCounter

@@ -1,0 +1,53 @@
+"""The policy's `canonicalize` section: how prompts are made byte-stable before routing
+(tools sorted, schema keys sorted, volatile values moved out of the system prompt) and
+whether prefix changes are reported (gateway/canonical.py applies it)."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from gateway.policy.base import Strict
+from gateway.policy.volatile_presets import PRESETS
+
+
+class VolatilePattern(Strict):
+    name: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]*$")] = Field(
+        description="Placeholder name; without `regex`, a preset: " + ", ".join(sorted(PRESETS))
+    )
+    regex: str | None = Field(None, description="Python regex; defaults to the preset's.")
+
+    @model_validator(mode="after")
+    def _regex_or_preset(self) -> VolatilePattern:
+        if self.regex is None and self.name not in PRESETS:
+            raise ValueError(
+                f"no preset named {self.name!r}: give a regex or one of {sorted(PRESETS)}"
+            )
+        if self.regex is not None:
+            try:
+                re.compile(self.regex)
+            except re.error as exc:
+                raise ValueError(f"not a valid regex: {exc}") from None
+        return self
+
+
+class VolatileSpec(Strict):
+    patterns: tuple[VolatilePattern, ...] = Field(min_length=1)
+    placement: Literal["trailing_system", "last_user"] = Field(
+        "trailing_system",
+        description="Where the cut values go: a final system note, or the last user message.",
+    )
+    note_prefix: str = "Current values:"
+
+
+class CanonicalizeSpec(Strict):
+    sort_tools: bool = Field(True, description="Order tools by function name.")
+    sort_schema_keys: bool = Field(True, description="Serialise tool schemas with sorted keys.")
+    volatile: VolatileSpec | None = Field(
+        None, description="Move volatile values out of the system prompt (off unless set)."
+    )
+    detect_prefix_changes: bool = Field(
+        True, description="Report, per session, when the system prompt or tools change."
+    )

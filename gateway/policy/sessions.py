@@ -1,0 +1,107 @@
+"""Where agent context lives, in the policy: the state store (`state`), session
+checkpoints (`sessions`) and context trimming (`trimming`)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+from pydantic import Field, model_validator
+
+from gateway.policy.base import Name, Strict
+
+
+class StateSpec(Strict):
+    redis_url: str = Field(
+        "",
+        description=(
+            "redis:// or rediss:// URL of the state store; empty starts an embedded, "
+            "durable Redis in embedded_dir."
+        ),
+    )
+    embedded_dir: str = Field(".run/state", description="Data directory of the embedded Redis.")
+    max_connections: int = Field(
+        256,
+        ge=1,
+        description="Size of the blocking connection pool; in cluster mode, the most commands "
+        "in flight at once (each node's pool has this many connections at most).",
+    )
+    cluster: bool = Field(
+        False,
+        description="The Redis at redis_url is one node of a Redis Cluster: the others are "
+        "discovered from it, and keys are hash-tagged so a session lives in one slot.",
+    )
+
+    @model_validator(mode="after")
+    def _cluster_needs_a_node(self) -> StateSpec:
+        if not self.cluster:
+            return self
+        if not self.redis_url:
+            raise ValueError("state.cluster needs redis_url: any node of the cluster")
+        database = urlsplit(self.redis_url).path.strip("/")
+        if database not in ("", "0"):
+            raise ValueError(
+                f"a Redis Cluster has only database 0; redis_url names database {database}"
+            )
+        return self
+
+
+class SessionsSpec(Strict):
+    enabled: bool = Field(True, description="Checkpoint every turn of a keyed session in Redis.")
+    key_from: tuple[Literal["header", "metadata", "user"], ...] = Field(
+        ("header",),
+        description="Where a session key is read, first found wins: the X-Session-Id header, "
+        "`metadata.session_id`, or the `user` field.",
+    )
+    ttl_s: int = Field(
+        7 * 86_400,
+        ge=60,
+        description="A session's checkpoints expire this long after its last turn.",
+    )
+    on_store_outage: Literal["fail_open", "fail_closed"] = Field(
+        "fail_open",
+        description="Redis unreachable: serve session turns unsaved (X-Gateway-Degraded: "
+        "checkpoint), or refuse them with 503.",
+    )
+
+
+class StateToolSpec(Strict):
+    entity: Name = Field(description="The kind of entity this tool's result is a snapshot of.")
+    id_field: str | None = Field(None, description="Field of the result naming the entity.")
+    id_argument: str | None = Field(
+        None, description="Argument of the call naming the entity (when the result does not)."
+    )
+    schema_: dict[str, Any] | None = Field(
+        None,
+        alias="schema",
+        description="JSON Schema a snapshot must meet; one that fails is sent whole.",
+    )
+
+    @model_validator(mode="after")
+    def _named_somehow(self) -> StateToolSpec:
+        if (self.id_field is None) == (self.id_argument is None):
+            raise ValueError("give exactly one of id_field or id_argument")
+        return self
+
+
+class TrimmingSpec(Strict):
+    enabled: bool = Field(False, description="Trim session contexts (off unless turned on).")
+    high_water_tokens: int = Field(
+        6000, ge=64, description="History tokens (after system + tools) that trigger compaction."
+    )
+    low_water_tokens: int = Field(
+        2500, ge=64, description="Compaction keeps a tail of at most this many history tokens."
+    )
+    tokenizer: str | None = Field(
+        None, description="The engine model's tokenizer.json for token counts."
+    )
+    state_tools: dict[str, StateToolSpec] = Field(
+        default_factory=dict,
+        description="Tools whose results are snapshots of an entity, by tool name.",
+    )
+
+    @model_validator(mode="after")
+    def _low_below_high(self) -> TrimmingSpec:
+        if self.low_water_tokens >= self.high_water_tokens:
+            raise ValueError("low_water_tokens must be below high_water_tokens")
+        return self
