@@ -1,4 +1,5 @@
-"""`make run`: engines, then the gateway in front of them, until Ctrl-C.
+"""`make run`: engines, then the gateway in front of them, until Ctrl-C; a replica that dies
+is replaced meanwhile (engine/watchdog.py).
 
 Environment knobs (all optional):
     ENGINE_PROFILE (cpu-tiny)  ENGINE_REPLICAS (2)  ENGINE_MODEL (the profile's model)
@@ -23,6 +24,9 @@ from types import FrameType
 from engine.cli import resolve_model
 from engine.profiles import load_profile
 from engine.supervisor import ROOT, EngineError, Launch, Paths, down, up
+from engine.watchdog import ReplicaWatchdog
+
+WATCH_INTERVAL_S = 2.0
 
 
 def _wait_ready(
@@ -112,7 +116,11 @@ def run_stack() -> int:
         base = f"http://{host}:{port}"
         _wait_ready(base, gateway, {launch.pool or launch.profile.pool for launch in launches})
         print(_examples(base), flush=True)
-        gateway.wait()
+        # Replicas that die are stopped whole and started again (engine/watchdog.py).
+        watchdog = ReplicaWatchdog(launches, paths, say=lambda m: print(m, flush=True))
+        while gateway.poll() is None:
+            watchdog.check()
+            time.sleep(WATCH_INTERVAL_S)
         return 0 if stopping else (gateway.returncode or 0)
     except KeyboardInterrupt:
         print("\nstopping...", flush=True)

@@ -198,6 +198,20 @@ def _tail(path: Path, lines: int = 25) -> str:
         return "(no log)"
 
 
+def exit_code(pid: int) -> int | None:
+    """None while the replica's API server runs; once it exited, its exit code (a negative
+    signal number when a signal ended it; -1 when it was not started by this process)."""
+    child = _children.get(pid)
+    if child is not None:
+        return child.poll()  # a dead child stays a zombie, which `kill(pid, 0)` finds
+    return None if pid_alive(pid) else -1
+
+
+def stop_replica(pid: int, grace_s: float = 20.0) -> None:
+    """Stops a replica's whole process group: vLLM's engine core and workers too."""
+    _terminate(pid, grace_s)
+
+
 def _terminate(pid: int, grace_s: float = 20.0) -> None:
     """SIGTERM the replica's whole process group, SIGKILL what is left after the grace."""
     child = _children.pop(pid, None)
