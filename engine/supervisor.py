@@ -113,7 +113,7 @@ def up(
         _wait_healthy(started, timeout_s=timeout_s, say=say)
     except BaseException:
         for record, _proc in started:
-            _terminate(record.pid)
+            stop_replica(record.pid)
         raise
     records = [r for r, _ in started]
     current = [r for r in read_state(paths.state) if pid_alive(r.pid)]
@@ -208,12 +208,8 @@ def exit_code(pid: int) -> int | None:
 
 
 def stop_replica(pid: int, grace_s: float = 20.0) -> None:
-    """Stops a replica's whole process group: vLLM's engine core and workers too."""
-    _terminate(pid, grace_s)
-
-
-def _terminate(pid: int, grace_s: float = 20.0) -> None:
-    """SIGTERM the replica's whole process group, SIGKILL what is left after the grace."""
+    """SIGTERM the replica's whole process group (vLLM's engine core and workers too),
+    SIGKILL what is left after the grace."""
     child = _children.pop(pid, None)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, signal.SIGTERM)
@@ -240,7 +236,7 @@ def down(paths: Paths, *, pool: str | None = None, say: Callable[[str], None] = 
     # Take them out of the state first, so the gateway stops routing to them.
     write_state(paths.state, keep)
     for record in stopping:
-        _terminate(record.pid)
+        stop_replica(record.pid)
         say(f"engine: stopped {record.profile} replica {record.url} (pid {record.pid})")
     return len(stopping)
 

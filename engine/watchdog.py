@@ -52,8 +52,8 @@ class ReplicaWatchdog:
                 self._replace(record, code)
 
     def _replace(self, record: ReplicaRecord, code: int) -> None:
+        self._forget(record)  # first, as `down` does: the gateway stops routing to it
         stop_replica(record.pid)  # the orphaned engine core and workers
-        self._forget(record)
         key = (record.profile, record.pool)
         launch = next((one for one in self.launches if _key(one) == key), None)
         now = self.clock()

@@ -47,7 +47,9 @@ class ClusterUnavailable(RedisConnectionError):
     """No node of the cluster answers, or some hash slots have no node."""
 
 
-class _WriterGuard(Connection):
+class GuardedConnection(Connection):
+    """A `Connection` that never writes through a writer another task cleared."""
+
     async def _send_packed_command(self, command: Iterable[bytes]) -> None:
         writer = self._writer  # read once: no suspension point between check and write
         if writer is None or writer.transport.is_closing():
@@ -56,11 +58,7 @@ class _WriterGuard(Connection):
         await writer.drain()
 
 
-class GuardedConnection(_WriterGuard):
-    """A `Connection` that never writes through a writer another task cleared."""
-
-
-class GuardedSSLConnection(_WriterGuard, SSLConnection):
+class GuardedSSLConnection(GuardedConnection, SSLConnection):
     """The same, over TLS."""
 
 

@@ -35,7 +35,7 @@ class SessionSteps:
     def __init__(
         self, policy: Policy, sessions: SessionTurns | None, metrics: GatewayMetrics
     ) -> None:
-        self._policy = policy
+        self._spec = policy.sessions
         self._sessions = sessions if policy.sessions.enabled else None
         self._metrics = metrics
         self._fail_closed = policy.sessions.on_store_outage == "fail_closed"
@@ -45,9 +45,7 @@ class SessionSteps:
             return context.session
         if request.endpoint is not Endpoint.chat:
             return None
-        return session_for(
-            self._policy.sessions, context.session_id, request.body, context.access.name
-        )
+        return session_for(self._spec, context.session_id, request.body, context.access.name)
 
     async def hydrate(
         self, request: InboundRequest, session: SessionRef | None, context: RequestContext
