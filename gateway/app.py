@@ -41,6 +41,7 @@ from gateway.errors import (
     NotFound,
     error_response,
 )
+from gateway.http1 import Http1Upstream
 from gateway.keys.checks import admin_keys, tenant_keys
 from gateway.keys.runtime import RedisKeys
 from gateway.keys.tenants import Tenants
@@ -53,7 +54,7 @@ from gateway.runtime import CurrentEngineLoads, Runtime, Services, build_runtime
 from gateway.state_store import StateStore
 from gateway.telemetry.service import Telemetry
 from gateway.telemetry.usage import RedisUsageLedger
-from gateway.upstream import AiohttpUpstream, Upstream
+from gateway.upstream import Upstream, probe_session
 
 log = logging.getLogger(__name__)
 
@@ -82,8 +83,10 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        # The aiohttp session is created here: it binds to the running loop.
-        client = upstream if upstream is not None else AiohttpUpstream.create()
+        # The clients are created here: they bind to the running loop. A test's own
+        # upstream comes without health checks or /metrics scraping (nothing to poll).
+        client = upstream if upstream is not None else Http1Upstream()
+        probes = probe_session() if upstream is None and health_checks else None
         await state.open()
         assert state.redis is not None
         if keys is not None:
@@ -104,7 +107,7 @@ def create_app(
             resolver=resolver or SystemResolver(),
             discovery_metrics=discovery_metrics,
             engine_loads=CurrentEngineLoads(),
-            health_checks=health_checks,
+            probes=probes,
         )
         app.state.telemetry = telemetry
         runtime = build_runtime(policy, services)
@@ -137,6 +140,8 @@ def create_app(
             current: Runtime = app.state.runtime
             await current.stop()
             await client.close()
+            if probes is not None:
+                await probes.close()
             await telemetry.close()  # before the store closes: the last usage is written
             current.deactivate(services)
             await state.close()
@@ -176,7 +181,11 @@ class _GatewayApp(FastAPI):
         admin: AdminKeyStore | None,
         **kwargs: Any,
     ) -> None:
-        super().__init__(**kwargs)
+        # The gateway makes its own spans and metrics (gateway/telemetry/). FastAPI's
+        # native OpenTelemetry would add a server span and metrics of its own to every
+        # request whenever a global provider is set (opentelemetry-instrument sets one),
+        # and asks on every request whether one is.
+        super().__init__(telemetry={"tracing": False, "metrics": False, "logs": False}, **kwargs)
         self._gateway_telemetry = telemetry
         self._max_body_bytes = max_body_bytes
         self._keys = keys

@@ -28,6 +28,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+import aiohttp
 from starlette.datastructures import State
 
 from gateway.approvals.audit import AuditLog
@@ -60,7 +61,7 @@ from gateway.telemetry.service import Telemetry
 from gateway.tiering.chooser import TierChooser, load_learned_router
 from gateway.tiering.memory import RedisSessionTiers
 from gateway.trimming.tenants import policy_trimmers
-from gateway.upstream import AiohttpUpstream, Upstream
+from gateway.upstream import Upstream
 
 
 class CurrentEngineLoads:
@@ -86,7 +87,7 @@ class Services:
     resolver: Resolver
     discovery_metrics: DiscoveryMetrics
     engine_loads: CurrentEngineLoads
-    health_checks: bool  # poll /health and /metrics (only with the real aiohttp client)
+    probes: aiohttp.ClientSession | None  # polls /health and /metrics; None: no polling
 
 
 @dataclass(eq=False)
@@ -176,9 +177,9 @@ def build_runtime(policy: Policy, services: Services, previous: Runtime | None =
     monitor: HealthMonitor | None = None
     scraper: EngineMetricsScraper | None = None
     client = services.upstream
-    if services.health_checks and isinstance(client, AiohttpUpstream):
-        monitor = HealthMonitor(fleet, client.session, policy.health)
-        scraper = EngineMetricsScraper(fleet, client.session, policy.routing.scrape_interval_s)
+    if services.probes is not None:
+        monitor = HealthMonitor(fleet, services.probes, policy.health)
+        scraper = EngineMetricsScraper(fleet, services.probes, policy.routing.scrape_interval_s)
     redis = services.state.redis
     assert redis is not None, "the state store opens before any runtime is built"
     fleet_view = FleetView(

@@ -4,6 +4,7 @@ attempt, the client's traceparent continued and passed on to the engine."""
 
 from __future__ import annotations
 
+import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind
 
@@ -189,3 +190,25 @@ def test_a_streamed_answer_is_captured_when_opted_in(traced: OpenTraced) -> None
     assert b"hello" in response.content
     root = _by_name(gw.spans.get_finished_spans())[f"chat {gw.alias}"][0]
     assert "hello world" in str(dict(root.attributes or {})["gen_ai.output.messages"])
+
+
+def test_no_second_server_span_from_fastapi_under_a_global_tracer_provider(
+    traced: OpenTraced, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """FastAPI traces and meters every request itself whenever a global OpenTelemetry
+    provider is set (as `opentelemetry-instrument` does); the gateway's own spans are
+    the only ones it makes."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    outside = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(outside))
+    monkeypatch.setattr(trace, "get_tracer_provider", lambda: provider)
+    gw = traced()
+    assert gw.client.post("/v1/chat/completions", json=_chat(gw.alias)).status_code == 200
+    assert gw.client.get("/v1/models").status_code == 200
+    assert outside.get_finished_spans() == ()
+    assert gw.spans.get_finished_spans()  # the gateway's own trace is still there
