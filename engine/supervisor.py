@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -58,11 +59,44 @@ class EngineError(Exception):
 _children: dict[int, subprocess.Popen[bytes]] = {}
 
 
+_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_PORTS_BELOW = 20_000  # how far under the ephemeral range free ports are looked for
+_handed_out: set[int] = set()  # never the same port twice from one process
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    """A port nothing listens on, for a server about to start, chosen below the kernel's
+    ephemeral range. A server may bind it a minute later (vLLM binds only once its model
+    is loaded), and a port of the ephemeral range can be taken meanwhile as the local end
+    of any outgoing connection on the machine: CI saw a gateway's port go that way. Below
+    the range, only a server binding that very number can take it."""
+    low = _ephemeral_start()
+    if low - _PORTS_BELOW >= 1024:
+        for _ in range(200):
+            port = random.randrange(low - _PORTS_BELOW, low)
+            if port not in _handed_out and _bindable(host, port):
+                _handed_out.add(port)
+                return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # the kernel's choice
         s.bind((host, 0))
-        port: int = s.getsockname()[1]
-        return port
+        chosen: int = s.getsockname()[1]
+        return chosen
+
+
+def _ephemeral_start() -> int:
+    try:
+        return int(_EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def is_healthy(url: str, timeout: float = 1.0) -> bool:
