@@ -42,6 +42,7 @@ class _Target:
     port: int
     tls: bool
     head: bytes  # "POST <path> HTTP/1.1\r\nHost: ...\r\n", built once per URL
+    endpoint: tuple[str, int, bool]  # the pool's key: one connection serves every path
 
 
 @lru_cache(maxsize=4096)
@@ -56,7 +57,7 @@ def _target(url: str) -> _Target:
         path += "?" + parts.query
     host_header = parts.netloc.rsplit("@", 1)[-1]
     head = f"POST {path} HTTP/1.1\r\nHost: {host_header}\r\n".encode("latin-1")
-    return _Target(parts.hostname, port, tls, head)
+    return _Target(parts.hostname, port, tls, head, (parts.hostname, port, tls))
 
 
 class _Connection(asyncio.Protocol):
@@ -297,10 +298,9 @@ class Http1Upstream:
         self, url: str, body: bytes, headers: Mapping[str, str], *, connect_timeout_s: float
     ) -> UpstreamResponse:
         target = _target(url)
-        key = (target.host, target.port, target.tls)
-        pool = self._pools.get(key)
+        pool = self._pools.get(target.endpoint)
         if pool is None:
-            pool = self._pools[key] = _Pool(self._keepalive_s)
+            pool = self._pools[target.endpoint] = _Pool(self._keepalive_s)
         lines = "".join([f"{name}: {value}\r\n" for name, value in headers.items()])
         if lines.count("\n") != len(headers) or lines.count("\r") != len(headers):
             # a line break inside a name or value would smuggle in headers of its own
@@ -309,14 +309,14 @@ class Http1Upstream:
         conn = pool.get()
         if conn is not None:
             try:
-                return await self._exchange(conn, pool, head, body)
+                return await self._exchange(conn, pool, head, body, reused=True)
             except _Stale:
                 pass  # the engine had closed it (its keep-alive ran out): a new connection
         conn = await self._connect(target, connect_timeout_s)
         return await self._exchange(conn, pool, head, body, reused=False)
 
     async def _exchange(
-        self, conn: _Connection, pool: _Pool, head: bytes, body: bytes, *, reused: bool = True
+        self, conn: _Connection, pool: _Pool, head: bytes, body: bytes, *, reused: bool
     ) -> _Response:
         """Sends the request; returns once the answer's headers are in."""
         try:
