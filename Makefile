@@ -8,7 +8,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: run test check lint typecheck unit integration engine-env schema engine-validate clean help bench-routing bench-sessions bench-tiers bench-faults bench-telemetry traces browser phoenix-env bench manifests bench-redis
+.PHONY: run test check lint typecheck unit integration engine-env schema engine-validate clean help bench-routing bench-sessions bench-tiers bench-tiers-encoders bench-faults bench-telemetry traces browser phoenix-env bench manifests bench-redis
 
 help:
 	@echo "make run    - engines + gateway on http://127.0.0.1:8080 (Ctrl-C stops all)"
@@ -18,6 +18,7 @@ help:
 	@echo "make bench-telemetry - tracing's cost per request, end to end (about 3 min)"
 	@echo "make bench-faults  - 200 streaming clients, a replica killed and restarted (about 2 min)"
 	@echo "make bench-tiers   - learned tier router on RouteLLM labels, held out by group (about 3 min)"
+	@echo "make bench-tiers-encoders - could a text encoder carry the router to GSM8K? (about 7 min once its env is built)"
 	@echo "make bench-routing - trace replay, routing overhead, tau-bench on real vLLM (about 15 min)"
 	@echo "make manifests     - render deploy/k8s/engines/ from the GPU engine profiles"
 	@echo "make bench-redis   - Redis memory per 1,000 active sessions (about 1 min)"
@@ -90,6 +91,13 @@ bench-sessions: $(STAMP)
 bench-tiers: $(STAMP)
 	@$(BIN)/python -m tests.bench.route_eval
 
+# Text encoders (MiniLM, and its static distillation) as router features, chosen on MMLU
+# alone and then scored on GSM8K; torch lives in its own cached environment.
+bench-tiers-encoders: $(STAMP)
+	@bash tests/bench/encoders/env.sh
+	@.venv-encoders/bin/python tests/bench/encoders/embed.py
+	@$(BIN)/python -m tests.bench.route_encoders
+
 # What telemetry costs a request: tracing off, at the default sampling, every request traced.
 bench-telemetry: $(STAMP)
 	@$(BIN)/python -m tests.bench.telemetry_overhead
@@ -114,7 +122,7 @@ bench-redis: $(STAMP)
 	@$(BIN)/python -m tests.bench.redis_sizing
 
 clean:
-	rm -rf .run $(VENV) .venv-engine .venv-phoenix .mypy_cache .ruff_cache .pytest_cache
+	rm -rf .run $(VENV) .venv-engine .venv-phoenix .venv-encoders .mypy_cache .ruff_cache .pytest_cache
 
 # `make run` with every request traced to a local Arize Phoenix UI (dev only; Ctrl-C stops all).
 traces: $(STAMP) engine-env phoenix-env
