@@ -18,7 +18,7 @@ help:
 	@echo "make bench-telemetry - tracing's cost per request, end to end (about 3 min)"
 	@echo "make bench-faults  - 200 streaming clients, a replica killed and restarted (about 2 min)"
 	@echo "make bench-tiers   - learned tier router on RouteLLM labels, held out by group (about 3 min)"
-	@echo "make bench-tiers-encoders - could a text encoder carry the router to GSM8K? (about 7 min once its env is built)"
+	@echo "make bench-tiers-encoders - could a text encoder carry the router to GSM8K? (about 5 min once its env is built)"
 	@echo "make bench-routing - trace replay, routing overhead, tau-bench on real vLLM (about 15 min)"
 	@echo "make manifests     - render deploy/k8s/engines/ from the GPU engine profiles"
 	@echo "make bench-redis   - Redis memory per 1,000 active sessions (about 1 min)"
