@@ -61,7 +61,11 @@ def _target(url: str) -> _Target:
 
 
 class _Connection(asyncio.Protocol):
-    """One connection to an engine, carrying one request at a time."""
+    """One connection to an engine, carrying one request at a time.
+
+    asyncio's defaults serve for the rest of the protocol: at end of input the transport
+    closes (a half-closed engine connection is of no further use), and writing is never
+    paused (a request is written in one go)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -99,9 +103,6 @@ class _Connection(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             self._fail(f"the engine's answer is not valid HTTP: {exc}")
 
-    def eof_received(self) -> bool | None:
-        return None  # close: a half-closed engine connection is of no further use
-
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         if not self.complete and self.headers_done and not self._framed and self.error is None:
@@ -111,12 +112,6 @@ class _Connection(asyncio.Protocol):
         if not self.complete and self.error is None:
             self.error = f"the engine closed the connection: {exc or 'end of stream'}"
         self._wake()
-
-    def pause_writing(self) -> None:  # the request body is written in one go; no pausing
-        pass
-
-    def resume_writing(self) -> None:
-        pass
 
     # httptools' side
     def on_header(self, name: bytes, value: bytes) -> None:

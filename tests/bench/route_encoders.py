@@ -46,7 +46,7 @@ from engine.supervisor import ROOT
 from gateway.tiering.evaluate import random_small_share_at, small_share_at
 from gateway.tiering.labels import LabeledPrompt, read_labels
 from gateway.tiering.lbfgs import minimise
-from gateway.tiering.train import Design, TrainConfig, Vector, fit
+from gateway.tiering.train import Design, TrainConfig, Vector, fit, grouped_folds
 from tests.bench.report import write_report
 from tests.bench.route_eval import LABELS
 
@@ -140,9 +140,8 @@ def candidates() -> list[Candidate]:
 def held_out(units: np.ndarray[Any, Any], rows: Rows, component: Component) -> Vector:
     """Each row's logit from a model trained on the rows of the other units."""
     out = np.zeros(len(rows))
-    for unit in sorted(set(units.tolist())):
-        mask = units == unit
-        out[mask] = component(rows[~mask], rows[mask])
+    for train, scored in grouped_folds(units.tolist()):
+        out[scored] = component(rows[train], rows[scored])
     return out
 
 

