@@ -8,7 +8,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: run test check lint typecheck unit integration engine-env schema engine-validate clean help bench-routing bench-sessions bench-tiers bench-tiers-encoders bench-faults bench-telemetry traces browser phoenix-env bench manifests bench-redis bench-streams
+.PHONY: run test check lint typecheck unit integration engine-env schema engine-validate clean help bench-routing bench-sessions bench-tiers bench-tiers-encoders bench-faults bench-telemetry traces browser phoenix-env frameworks-env bench manifests bench-redis bench-streams
 
 help:
 	@echo "make run    - engines + gateway on http://127.0.0.1:8080 (Ctrl-C stops all)"
@@ -53,7 +53,7 @@ check: lint typecheck
 unit: $(STAMP) phoenix-env
 	@$(BIN)/pytest tests --ignore=tests/integration -q
 
-integration: $(STAMP) engine-env browser phoenix-env
+integration: $(STAMP) engine-env browser phoenix-env frameworks-env
 	@$(BIN)/pytest tests/integration -v
 
 # Headless Chromium from Debian, for the dashboard's browser tests (Playwright drives it;
@@ -63,11 +63,16 @@ browser:
 	  apt-get install -y -qq chromium >/dev/null 2>&1 \
 	  || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }; }
 
+# CrewAI and AutoGen, driven through the gateway by tests/integration/test_frameworks.py
+# (their own cached env: they pin their own openai, pydantic and protobuf).
+frameworks-env:
+	@bash tests/frameworks/env.sh
+
 # Arize Phoenix, the real OTLP trace receiver of the trace tests (cached like vLLM's env).
 phoenix-env:
 	@bash deploy/observability/phoenix-env.sh
 
-test: $(STAMP) engine-env browser phoenix-env check
+test: $(STAMP) engine-env browser phoenix-env frameworks-env check
 	@$(BIN)/pytest -v --durations=10
 
 MOONCAKE := ../shared/data/mooncake/synthetic_trace.jsonl
@@ -127,7 +132,7 @@ bench-streams: $(STAMP) engine-env
 	@$(BIN)/python -m tests.bench.stream_silences
 
 clean:
-	rm -rf .run $(VENV) .venv-engine .venv-phoenix .venv-encoders .mypy_cache .ruff_cache .pytest_cache
+	rm -rf .run $(VENV) .venv-engine .venv-phoenix .venv-encoders .venv-frameworks .mypy_cache .ruff_cache .pytest_cache
 
 # `make run` with every request traced to a local Arize Phoenix UI (dev only; Ctrl-C stops all).
 traces: $(STAMP) engine-env phoenix-env
