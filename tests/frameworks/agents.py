@@ -1,7 +1,8 @@
 """CrewAI and AutoGen agents pointed at the gateway, run in their own environment
 (`.venv-frameworks`, tests/frameworks/env.sh) by tests/integration/test_frameworks.py:
 
-    .venv-frameworks/bin/python tests/frameworks/agents.py {crewai|autogen} BASE_URL
+    .venv-frameworks/bin/python tests/frameworks/agents.py crewai BASE_URL BACKSTORY_FILE
+    .venv-frameworks/bin/python tests/frameworks/agents.py autogen BASE_URL
 
 Prints one JSON object: what the framework itself reports of the run (its outputs, the
 token usage it counted, the tool call it received), for the test to check. Both frameworks
@@ -16,6 +17,7 @@ import json
 import os
 import sys
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 # Offline and quiet: CrewAI sends usage telemetry and traces of its own unless told not to.
@@ -31,23 +33,24 @@ def lookup_booking(booking_id: str) -> str:
     return f"booking {booking_id}: confirmed"
 
 
-def run_crewai(base_url: str) -> dict[str, Any]:
+def run_crewai(base_url: str, backstory: str) -> dict[str, Any]:
     """A two-agent sequential crew, streamed: a router classifies, a clerk with a tool
-    answers with the router's output as context. Kicked off twice, each time built anew,
-    as an agent service runs the same crew for request after request."""
-    runs = [kickoff_crew(base_url) for _ in range(2)]
+    answers with the router's output as context; both carry `backstory` (an agent's
+    policy, as real crews do). Kicked off twice, each time built anew, as an agent service
+    runs the same crew for request after request."""
+    runs = [kickoff_crew(base_url, backstory) for _ in range(2)]
     return {"provider": runs[0]["provider"], "runs": runs}
 
 
-def kickoff_crew(base_url: str) -> dict[str, Any]:
+def kickoff_crew(base_url: str, backstory: str) -> dict[str, Any]:
     from crewai import LLM, Agent, Crew, Process, Task
     from crewai.tools import tool
 
     llm = LLM(model=f"openai/{MODEL}", base_url=base_url, api_key="unused", max_tokens=16,
               stream=True)  # fmt: skip
-    router = Agent(role="Router", goal="Classify the request", backstory="Terse.", llm=llm,
+    router = Agent(role="Router", goal="Classify the request", backstory=backstory, llm=llm,
                    max_iter=1)  # fmt: skip
-    clerk = Agent(role="Clerk", goal="Check bookings", backstory="Careful.", llm=llm,
+    clerk = Agent(role="Clerk", goal="Check bookings", backstory=backstory, llm=llm,
                   tools=[tool("lookup_booking")(lookup_booking)], max_iter=1)  # fmt: skip
     classify = Task(description="Classify: 'is booking ABC123 confirmed?'",
                     expected_output="one word", agent=router)  # fmt: skip
@@ -112,7 +115,7 @@ async def run_autogen(base_url: str) -> dict[str, Any]:
 def main() -> int:
     framework, base_url = sys.argv[1], sys.argv[2]
     if framework == "crewai":
-        result = run_crewai(base_url)
+        result = run_crewai(base_url, Path(sys.argv[3]).read_text(encoding="utf-8"))
     elif framework == "autogen":
         result = asyncio.run(run_autogen(base_url))
     else:

@@ -21,20 +21,22 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine.supervisor import ROOT
+from tests.conftest import SHARED_DATA
 from tests.integration.conftest import Gateway
 
 pytestmark = pytest.mark.engine
 
 PYTHON = ROOT / ".venv-frameworks" / "bin" / "python"
 AGENTS = Path(__file__).resolve().parent.parent / "frameworks" / "agents.py"
+TAU = SHARED_DATA / "agent-trajectories" / "tau_bench_airline_dev.jsonl"
 
 
-def run_agents(framework: str, gateway: Gateway) -> dict[str, Any]:
+def run_agents(framework: str, gateway: Gateway, *args: str) -> dict[str, Any]:
     if not PYTHON.exists():
         pytest.fail(f"no frameworks environment at {PYTHON}: run tests/frameworks/env.sh")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "CREWAI_"))}
     done = subprocess.run(
-        [str(PYTHON), str(AGENTS), framework, gateway.v1],
+        [str(PYTHON), str(AGENTS), framework, gateway.v1, *args],
         capture_output=True, text=True, timeout=300, env=env, cwd=ROOT,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -66,9 +68,21 @@ def served(gateway: Gateway) -> float:
     )
 
 
-def test_a_crewai_crew_runs_through_the_gateway(gateway: Gateway) -> None:
+def airline_policy() -> str:
+    """The system prompt of a real tau-bench airline agent (6 KB): what such a crew's
+    agents carry, and long enough that holding it matters more to the router than the
+    recent work other tests left on one replica."""
+    with TAU.open() as lines:
+        record = json.loads(next(lines))
+    policy: str = record["messages"][0]["content"]
+    return policy
+
+
+def test_a_crewai_crew_runs_through_the_gateway(gateway: Gateway, tmp_path: Path) -> None:
+    backstory = tmp_path / "backstory.txt"
+    backstory.write_text(airline_policy(), encoding="utf-8")
     before = served(gateway)
-    crew = run_agents("crewai", gateway)
+    crew = run_agents("crewai", gateway, str(backstory))
     assert crew["provider"] == "OpenAICompletion"  # CrewAI's native OpenAI client, no litellm
     first, second = crew["runs"]
     for run in (first, second):
@@ -78,9 +92,10 @@ def test_a_crewai_crew_runs_through_the_gateway(gateway: Gateway) -> None:
     # CrewAI's `successful_requests`: it said 4 for 2 calls.)
     assert served_since(gateway, before, 4) == 4
     # The second kickoff's prompts open as the first's did; routed to the replica that
-    # holds them, they are served from its prefix cache, and CrewAI counts the cached
-    # tokens the gateway passed on.
-    assert second["usage"]["cached_prompt_tokens"] > 0
+    # holds them, nearly all of them are served from its prefix cache (8,832 of 8,970
+    # tokens in one run), and CrewAI counts the cached tokens the gateway passed on.
+    usage = second["usage"]
+    assert usage["cached_prompt_tokens"] > 0.8 * usage["prompt_tokens"]
 
 
 def test_an_autogen_assistant_streams_and_gets_a_forced_tool_call(gateway: Gateway) -> None:
