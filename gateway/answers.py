@@ -88,8 +88,9 @@ async def read_answer(
         outcome = "failed"
         response.abort()
         raise
-    except NotAnAnswer as exc:
+    except NotAnAnswer as exc:  # a body, or a chunk, of the wrong shape (a 502)
         outcome = "failed"
-        raise UpstreamError(f"The engine answered 200 without an answer ({exc}).") from None
+        response.abort()
+        raise exc.upstream_error() from None
     finally:
         dispatch.finish(outcome)

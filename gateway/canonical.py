@@ -7,13 +7,13 @@ prefix cache sees the same prefix.
 - Volatile values declared in the policy (dates, times, UUIDs, ids) are cut out of the
   first system message, which then stays byte-identical across requests; the values
   follow in a note after the conversation. Off unless the policy turns it on for a model,
-  because it moves text the model reads.
+  because it moves text the model reads. The patterns run with RE2 (linear in the
+  prompt's length, whatever the pattern: gateway/untrusted/regex.py).
 """
 
 from __future__ import annotations
 
 import hashlib
-import re
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +22,7 @@ import orjson
 
 from gateway.policy.canonicalize import CanonicalizeSpec
 from gateway.policy.volatile_presets import PRESETS
+from gateway.untrusted.regex import LinearRegex
 
 
 def sorted_keys(value: Any) -> Any:
@@ -77,10 +78,10 @@ class Canonicalizer:
         # bytes). An agent sends the same tool set every turn: canonicalise it once.
         self._tools_cache: OrderedDict[bytes, tuple[list[Any] | None, bytes]] = OrderedDict()
         volatile = spec.volatile
-        self._patterns: list[tuple[str, re.Pattern[str]]] = []
+        self._patterns: list[tuple[str, LinearRegex]] = []
         if volatile is not None:
             for item in volatile.patterns:
-                self._patterns.append((item.name, re.compile(item.regex or PRESETS[item.name])))
+                self._patterns.append((item.name, LinearRegex(item.regex or PRESETS[item.name])))
 
     def apply(self, body: dict[str, Any]) -> Canonical:
         changed = False
@@ -131,8 +132,8 @@ class Canonicalizer:
         found: list[str] = []
         for name, pattern in self._patterns:
 
-            def cut(match: re.Match[str], name: str = name) -> str:
-                found.append(f"{name}={match.group(0)}")
+            def cut(matched: str, name: str = name) -> str:
+                found.append(f"{name}={matched}")
                 return f"[{name}]"
 
             content = pattern.sub(cut, content)

@@ -47,6 +47,7 @@ def _serve(args: argparse.Namespace) -> int:
     from uvicorn.config import LOGGING_CONFIG
 
     from gateway.app import create_app
+    from gateway.connections import protocol_for, raise_descriptor_limit
     from gateway.redaction import install_log_redaction, redacting_log_config
 
     logging.basicConfig(
@@ -71,10 +72,13 @@ def _serve(args: argparse.Namespace) -> int:
         f"on http://{host}:{port}/v1",
         flush=True,
     )
+    raise_descriptor_limit(policy.server)
     uvicorn.run(
         app,
         host=host,
         port=port,
+        # Header deadline, keep-alive idle limit and connection cap (gateway/connections.py).
+        http=protocol_for(policy.server),
         log_level=args.log_level,
         log_config=redacting_log_config(LOGGING_CONFIG),
         access_log=args.access_log,

@@ -9,6 +9,8 @@
     +-- NotFound                        404   invalid_request_error  (unknown route)
     |   +-- ModelNotFound               404   invalid_request_error  code=model_not_found
     +-- MethodNotAllowed                405   invalid_request_error
+    +-- RequestTimeout                  408   invalid_request_error  code=request_timeout
+    |                                     (headers too slow: gateway/connections.py)
     +-- Conflict                        409   invalid_request_error  (e.g. approval_already_decided)
     +-- PayloadTooLarge                 413   invalid_request_error  code=request_too_large
     +-- UpstreamError                   502   upstream_error         (engine unreachable or 5xx)
@@ -110,11 +112,21 @@ class MethodNotAllowed(GatewayError):
 
 
 class Conflict(GatewayError):
-    """The request contradicts the state it acts on (an approval decided already)."""
+    """The request contradicts the state it acts on (an approval decided already, a fork
+    onto a session that exists)."""
 
     status = 409
     error_type = "invalid_request_error"
     default_code = "conflict"
+
+
+class RequestTimeout(GatewayError):
+    """The client did not send its request's headers in time; written by the connection
+    itself (gateway/connections.py), before any route is known."""
+
+    status = 408
+    error_type = "invalid_request_error"
+    default_code = "request_timeout"
 
 
 class PayloadTooLarge(GatewayError):

@@ -2,10 +2,15 @@
 the offending field. The engine validates the rest and its 4xx answers reach the client
 unchanged; every field the gateway does not own is passed through untouched.
 
-The policy's `limits` (message and tool counts, JSON nesting depth, the `max_tokens`
-ceiling) are checked here, in the same pass, so nothing later on the request path (the
+The policy's `limits` (message and tool counts, JSON nesting depth, the `max_tokens` and
+`n` ceilings) are checked here, in the same pass, so nothing later on the request path (the
 canonicaliser's recursive key sort, orjson re-serialising the body, the session store)
 ever meets a body a working agent would not send.
+
+A `json_schema` response format is prepared here too (gateway/untrusted/schemas.py): a
+schema the gateway will not apply (a reference outside it, a loop, too large, a pattern
+RE2 cannot run) is a 400 before any engine is asked, whether or not the gateway checks
+the answer, since the engine compiles it as well.
 """
 
 from __future__ import annotations
@@ -20,11 +25,13 @@ from gateway.errors import InvalidRequest
 from gateway.json_depth import deeper_by_walk, depth_probe
 from gateway.policy import Endpoint
 from gateway.policy.schema import LimitsSpec
+from gateway.untrusted.schemas import ClientSchema, UnsafeSchema, prepare
 
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 _CONTAINERS = frozenset({dict, list})
 _NUMBERS = frozenset({int, float})
 _DEFAULT_LIMITS = LimitsSpec()
+RESPONSE_SCHEMA_PARAM = "response_format.json_schema.schema"
 # The output-token fields each endpoint takes (the Responses API's are checked by
 # gateway/responses/service.py before its body becomes a chat request).
 _TOKEN_FIELDS = {
@@ -41,6 +48,8 @@ class InboundRequest:
     body: dict[str, Any]
     model: str
     stream: bool
+    # The `json_schema` response format's schema, prepared; kept across body rewrites.
+    response_schema: ClientSchema | None = None
 
     def with_body(self, body: dict[str, Any]) -> InboundRequest:
         return replace(self, raw=None, body=body)
@@ -113,7 +122,33 @@ def parse_request(
     _check_stream_options(body, stream)
     check_depth(body, limits.max_json_depth, walk="messages")
     check_max_tokens(body, _TOKEN_FIELDS[endpoint], limits.max_tokens)
-    return InboundRequest(endpoint, raw, body, model, stream)
+    if endpoint is not Endpoint.embeddings:
+        check_n(body, limits.max_n)
+    response_schema = response_format_schema(body.get("response_format"))
+    return InboundRequest(endpoint, raw, body, model, stream, response_schema)
+
+
+def response_format_schema(
+    response_format: Any, param: str = RESPONSE_SCHEMA_PARAM
+) -> ClientSchema | None:
+    """The schema of a `json_schema` response format, prepared; None for other formats
+    and for a schema that is not an object (the engine names that mistake itself)."""
+    if not isinstance(response_format, dict) or response_format.get("type") != "json_schema":
+        return None
+    spec = response_format.get("json_schema")
+    schema = spec.get("schema") if isinstance(spec, dict) else None
+    return client_schema(schema, param) if isinstance(schema, dict) else None
+
+
+def client_schema(schema: dict[str, Any], param: str) -> ClientSchema:
+    """A client's JSON Schema prepared to check values against; a 400 naming `param`
+    (`invalid_schema` or `unsupported_schema`) when the gateway will not apply it."""
+    try:
+        return prepare(schema)
+    except UnsafeSchema as exc:
+        raise InvalidRequest(
+            f"Invalid schema in '{param}': {exc.reason}.", param=param, code=exc.code
+        ) from None
 
 
 def check_array_length(value: list[Any], limit: int, param: str) -> None:
@@ -162,6 +197,22 @@ def check_max_tokens(body: dict[str, Any], fields: tuple[str, ...], ceiling: int
                 f"`{name}` is too large: {value}. This gateway allows at most {ceiling}.",
                 param=name,
                 code="max_tokens_too_large",
+            )
+
+
+def check_n(body: dict[str, Any], ceiling: int) -> None:
+    """A 400 in OpenAI's words when the client asks for more choices than the policy
+    allows: `n` (and the legacy completions' `best_of`, the candidates the engine makes to
+    pick `n` from) multiplies the engine's work and the token estimate rate limits charge
+    (gateway/quota/estimate.py). Values that are not numbers are the engine's to refuse."""
+    for name in ("n", "best_of"):
+        value: Any = body.get(name)
+        if type(value) in _NUMBERS and value > ceiling:  # bool is no number here
+            raise InvalidRequest(
+                f"Invalid '{name}': integer above maximum value. Expected a value <= "
+                f"{ceiling}, but got {value} instead.",
+                param=name,
+                code="integer_above_max_value",
             )
 
 

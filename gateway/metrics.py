@@ -174,6 +174,20 @@ class GatewayMetrics:
             ["pool"],
             registry=self.registry,
         )
+        self.shed_by_tenant = Counter(
+            "gateway_tenant_shed",
+            "The same 429s by pool and tenant: a tenant at or above its share of a saturated "
+            "pool is shed first (gateway/resilience/fair_share.py).",
+            ["pool", "tenant"],
+            registry=self.registry,
+        )
+        self.admission_waits = Counter(
+            "gateway_admission_waits",
+            "Requests that waited in line for a slot because the pool was full and their "
+            "tenant was below its share, by pool and tenant.",
+            ["pool", "tenant"],
+            registry=self.registry,
+        )
         self.fallbacks = Counter(
             "gateway_fallbacks",
             "Requests served by a fallback model, by the model asked for and the fallback.",

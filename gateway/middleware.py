@@ -22,7 +22,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from gateway.telemetry.record import RequestRecord
 from gateway.telemetry.service import Telemetry
 
-_CLIENT_ID = re.compile(rb"^[A-Za-z0-9._:/=+-]{1,128}$")
+# Matched whole: `$` would also match before a final newline.
+_CLIENT_ID = re.compile(rb"[A-Za-z0-9._:/=+-]{1,128}")
 
 # The API calls that make a request record (and count in metrics, usage and traces).
 _OPERATIONS = {
@@ -48,7 +49,7 @@ class EdgeMiddleware:
             return
         request_id = traceparent = ""
         for name, value in scope["headers"]:
-            if name == b"x-request-id" and _CLIENT_ID.match(value):
+            if name == b"x-request-id" and _CLIENT_ID.fullmatch(value):
                 request_id = value.decode("ascii")
             elif name == b"traceparent":
                 traceparent = value.decode("latin-1")

@@ -131,11 +131,13 @@ class Pipeline:
             request, tools_json = self._prefixes.canonicalise(request)
         if prefix_changes := await self._prefixes.changes(request, session):
             notes["X-Gateway-Prefix-Change"] = ",".join(prefix_changes)
+        request, cache_seed = self._prefixes.scoped(request, tenant.cache_scope)
         route = self._prefixes.route_request(
             request,
             session.id if session else context.session_id,
             tools_json,
             context.access.name,
+            cache_seed,
         )
         with record.stage("choose_tier"):
             choice = await self._tiers.choose(
@@ -145,6 +147,7 @@ class Pipeline:
                 route,
                 task=context.task,
                 clamps=tenant.tier_clamps,
+                response_schema=request.response_schema,
             )
         if choice.checks is not None or guard is not None:
             return await self._checked(

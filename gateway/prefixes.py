@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from gateway.canonical import Canonicalizer, Fingerprint, fingerprint
 from gateway.inbound import InboundRequest
+from gateway.keys.cache_scope import CacheScope, client_salt
 from gateway.metrics import GatewayMetrics
 from gateway.policy import Endpoint, Policy
 from gateway.prefix_watch import FingerprintStore
@@ -57,15 +58,32 @@ class PrefixSteps:
             self._metrics.prefix_changes.labels(request.model, part).inc()
         return changes
 
+    def scoped(self, request: InboundRequest, scope: CacheScope) -> tuple[InboundRequest, int]:
+        """The request in its tenant's cache scope (gateway/keys/cache_scope.py): sent with
+        the scope's `cache_salt`, the client's own folded in, never the client's as is; and
+        the seed of its prefix block ids."""
+        if request.endpoint is Endpoint.embeddings:
+            return request, 0
+        salted = scope.salted(client_salt(request.body))
+        if salted.salt is None:
+            return request, 0
+        return request.with_body({**request.body, "cache_salt": salted.salt}), salted.seed
+
     def route_request(
-        self, request: InboundRequest, session: str | None, tools_json: bytes | None, tenant: str
+        self,
+        request: InboundRequest,
+        session: str | None,
+        tools_json: bytes | None,
+        tenant: str,
+        seed: int = 0,
     ) -> RouteRequest:
-        """What replica choice reads: the prefix blocks (cache-aware routing only), and the
-        conversation the request continues, named or implicit."""
+        """What replica choice reads: the prefix blocks (cache-aware routing only) in the
+        keyspace of the request's cache scope (`seed`), and the conversation the request
+        continues, named or implicit."""
         blocks: tuple[int, ...] = ()
         if self._prefix_routing and request.endpoint is not Endpoint.embeddings:
             blocks = request_blocks(
-                request.body, self._routing.block_bytes, tools_json, request.messages_json
+                request.body, self._routing.block_bytes, tools_json, request.messages_json, seed
             )
             if session is None and self._routing.implicit_sessions:
                 session = conversation_key(request.body, blocks)

@@ -19,7 +19,7 @@ import orjson
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from gateway.conformance import conform_event
+from gateway.conformance import NotAnAnswer, conform_event
 from gateway.errors import GatewayError, UpstreamError, UpstreamTimeout
 from gateway.replicas import Replica
 from gateway.resilience.dispatcher import Outcome
@@ -97,24 +97,38 @@ class StreamRelay:
                     yield stream_error(UpstreamError("The engine's stream ended without [DONE]."))
                     return
                 for event in framer.feed(chunk):
-                    self._saw_done = self._saw_done or is_done(event)
-                    usage_only = self._facts.observe_event(event)
-                    if self._reply is not None and not self._reply.done:
-                        self._reply.feed(event)
-                        if self._reply.done:
-                            self._facts.reply = self._reply.message()
-                        if self._reply.done and self._on_done is not None:
-                            try:
-                                await self._on_done(self._reply.message(), self._reply.usage)
-                            except GatewayError as exc:  # the turn could not be kept
-                                yield stream_error(exc)
-                                self._finished = True  # the engine did finish
-                                return
-                    if usage_only and self._hide_usage:
-                        continue
-                    yield conform_event(event) if self._conform else event
+                    try:
+                        passed = await self._take(event)
+                    except NotAnAnswer as exc:  # the engine's failure: no turn is kept
+                        self._broken = True
+                        log.warning("stream from %s: %s", self.replica.id, exc)
+                        yield stream_error(exc.upstream_error())
+                        return
+                    except GatewayError as exc:  # the turn could not be kept
+                        yield stream_error(exc)
+                        self._finished = True  # the engine did finish
+                        return
+                    if passed is not None:
+                        yield passed
         finally:
             self.close()
+
+    async def _take(self, event: bytes) -> bytes | None:
+        """One whole event: noted, collected, the turn kept after its last one; what to
+        pass on (None: the usage chunk only the gateway asked for). Raises NotAnAnswer for
+        a chunk of the wrong shape, or the GatewayError that kept the turn from being
+        kept."""
+        self._saw_done = self._saw_done or is_done(event)
+        usage_only = self._facts.observe_event(event)
+        if self._reply is not None and not self._reply.done:
+            self._reply.feed(event)
+            if self._reply.done:
+                self._facts.reply = self._reply.message()
+                if self._on_done is not None:
+                    await self._on_done(self._reply.message(), self._reply.usage)
+        if usage_only and self._hide_usage:
+            return None
+        return conform_event(event) if self._conform else event
 
     def close(self) -> None:
         if self._closed:

@@ -40,6 +40,9 @@ class Replica:
     consecutive_failures: int = 0
     last_error: str | None = None
     inflight: int = 0
+    # The in-flight requests by tenant (only tenants with some): fair admission's count of
+    # who holds the pool's slots (gateway/resilience/fair_share.py).
+    by_tenant: dict[str, int] = field(default_factory=dict)
     id: str = field(init=False)
 
     def __post_init__(self) -> None:

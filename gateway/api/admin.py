@@ -22,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway.api.sessions import checkpoint_summary
+from gateway.client_text import check_label
 from gateway.errors import InvalidRequest, NotFound
 from gateway.inbound import json_object
 from gateway.keys.runtime import ROLES, RedisKeys
@@ -83,6 +84,7 @@ def build_admin_router(tenants: Tenants) -> APIRouter:
         roles = options.get("roles", ["user"])
         if not isinstance(name, str) or len(name) > 128:
             raise InvalidRequest("`name` must be a string of at most 128.", param="name")
+        check_label(name, param="name")  # listed, and written where keys are reported
         if not isinstance(roles, list) or any(r not in ROLES for r in roles):
             raise InvalidRequest(f"`roles` must be a list of: {', '.join(ROLES)}.", param="roles")
         limits = _rate_limits(options.get("rate_limits"))

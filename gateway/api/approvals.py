@@ -21,6 +21,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway.approvals.decisions import Approvals
+from gateway.client_text import ascii_number
 from gateway.errors import InvalidRequest
 from gateway.keys.identity import access_of, identity_of
 from gateway.telemetry.service import Telemetry
@@ -36,9 +37,10 @@ def _json(data: Any, status: int = 200) -> Response:
 def _limit(value: str | None) -> int:
     if value is None:
         return _LIMIT
-    if not value.isdigit() or not 1 <= int(value) <= _MAX_LIMIT:
+    number = ascii_number(value)
+    if number is None or not 1 <= number <= _MAX_LIMIT:
         raise InvalidRequest(f"`limit` must be a number from 1 to {_MAX_LIMIT}.", param="limit")
-    return int(value)
+    return number
 
 
 def build_approvals_router(telemetry: Telemetry) -> APIRouter:

@@ -8,7 +8,8 @@ from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.errors import InvalidRequest, PayloadTooLarge, error_response
+from gateway.client_text import ascii_number
+from gateway.errors import GatewayError, InvalidRequest, PayloadTooLarge, error_response
 from gateway.keys.identity import access_of
 
 
@@ -18,13 +19,22 @@ def _too_large(limit: int) -> PayloadTooLarge:
     )
 
 
+def declared_length(headers: Headers) -> int | None:
+    """The body size Content-Length declares (None without one); a 400 when it is not
+    ASCII digits (Latin-1 `²` passes `str.isdigit()`, then fails `int()`)."""
+    declared = headers.get("content-length")
+    if declared is None:
+        return None
+    size = ascii_number(declared)
+    if size is None:
+        raise InvalidRequest("Content-Length is not a number.")
+    return size
+
+
 async def read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared is not None:
-        if not declared.isdigit():
-            raise InvalidRequest("Content-Length is not a number.")
-        if int(declared) > limit:
-            raise _too_large(limit)
+    declared = declared_length(request.headers)
+    if declared is not None and declared > limit:
+        raise _too_large(limit)
     chunks: list[bytes] = []
     size = 0
     async for chunk in request.stream():
@@ -37,7 +47,8 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 class BodyLimit:
     """Holds the routes behind FastAPI (a session fork, ...) to the same body limit as the
-    API calls: a declared Content-Length over it is answered 413 at once; a body that
+    API calls: a declared Content-Length over it is answered 413 at once (one that is not
+    a number, 400); a body that
     grows past it while the handler reads it raises PayloadTooLarge there, inside FastAPI's
     exception handling, so it is a 413 in OpenAI's shape too."""
 
@@ -50,11 +61,13 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         limit = access_of(scope.get("state", {})).max_body_bytes or self._limit
-        declared = Headers(scope=scope).get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
+        try:
+            declared = declared_length(Headers(scope=scope))
+            if declared is not None and declared > limit:
+                raise _too_large(limit)
+        except GatewayError as exc:
             request_id = scope.get("state", {}).get("request_id")
-            response = error_response(_too_large(limit), request_id=request_id)
-            await response(scope, receive, send)
+            await error_response(exc, request_id=request_id)(scope, receive, send)
             return
         received = 0
 

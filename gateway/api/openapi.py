@@ -54,7 +54,8 @@ def _errors(*statuses: int) -> dict[str, Any]:
         401: "No valid API key (when the policy sets `auth.keys_file`).",
         403: "The key's roles do not allow this (deciding an approval needs `approver`).",
         404: "Unknown model, session, response or route.",
-        409: "The approval was decided already, or expired.",
+        409: "The approval was decided already, or expired; the fork's `session_id` names a "
+        "session that exists (`session_exists`).",
         413: "The body is larger than `limits.max_body_bytes` (or the tenant's own).",
         422: "The engine refused the request (its own 4xx is passed on).",
         429: "Every replica is at capacity (`overloaded`), a rate limit is reached "
@@ -222,7 +223,10 @@ def _paths() -> dict[str, Any]:
                 "summary": "Fork a session from a checkpoint",
                 "parameters": [_SESSION_ID],
                 "requestBody": {"required": False, **_json_body(ref("ForkRequest"))},
-                "responses": {"201": {"description": "Created", **_json_body(ref("Session"))}},
+                "responses": {
+                    "201": {"description": "Created", **_json_body(ref("Session"))},
+                    **_errors(409),
+                },
             }
         },
     }

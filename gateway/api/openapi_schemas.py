@@ -125,7 +125,12 @@ SCHEMAS: dict[str, Any] = {
             "max_completion_tokens": MAX_TOKENS,
             "temperature": {"type": ["number", "null"], "minimum": 0, "maximum": 2},
             "top_p": {"type": ["number", "null"], "minimum": 0, "maximum": 1},
-            "n": {"type": ["integer", "null"], "minimum": 1, "maximum": 1},
+            "n": {
+                "type": ["integer", "null"],
+                "minimum": 1,
+                "maximum": 16,
+                "description": "At most `limits.max_n` (16 by default, shown here).",
+            },
             "seed": {"type": ["integer", "null"]},
             "user": {"type": "string"},
             "metadata": {"type": ["object", "null"], "additionalProperties": {"type": "string"}},

@@ -4,7 +4,6 @@ checkpoint, delete a session."""
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 import orjson
@@ -12,12 +11,13 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.errors import InvalidRequest, NotFound
+from gateway.client_text import ascii_number
+from gateway.errors import Conflict, InvalidRequest, NotFound
 from gateway.inbound import json_object
 from gateway.keys.identity import access_of
 from gateway.sessions.checkpoints import Checkpoint, engine_request, history
 from gateway.sessions.keys import SessionRef, check_session_id
-from gateway.sessions.store import CheckpointStore
+from gateway.sessions.store import CheckpointStore, fork_to_new_id
 from gateway.sessions.turns import materialised_entities
 from gateway.trimming.conversation import tool_results
 
@@ -78,12 +78,12 @@ def build_sessions_router() -> APIRouter:
         session = _session(session_id, request)
         store = store_of(request)
         checkpoints = await _load(store, session)
-        if not turn.isdigit() or not 1 <= int(turn) <= len(checkpoints):
+        number = ascii_number(turn)
+        if number is None or not 1 <= number <= len(checkpoints):
             raise NotFound(
                 f"Session `{session.id}` has turns 1 to {len(checkpoints)}, not `{turn}`.",
                 code="checkpoint_not_found",
             )
-        number = int(turn)
         checkpoint = checkpoints[number - 1]
         body = {
             "object": "session.checkpoint",
@@ -105,13 +105,22 @@ def build_sessions_router() -> APIRouter:
         raw = await request.body()
         options = json_object(raw) if raw.strip() else {}
         turns = _turn(options.get("turn", len(checkpoints)), len(checkpoints), param="turn")
-        new_id = options.get("session_id") or f"{source.id}.fork-{uuid.uuid4().hex[:8]}"
-        if not isinstance(new_id, str):
-            raise InvalidRequest("`session_id` must be a string.", param="session_id")
-        target = SessionRef(source.tenant, check_session_id(new_id, param="session_id"))
-        if target == source:
-            raise InvalidRequest("A fork needs a new session id.", param="session_id")
-        await store.fork(source, turns, target)
+        named = options.get("session_id")
+        if named:
+            if not isinstance(named, str):
+                raise InvalidRequest("`session_id` must be a string.", param="session_id")
+            target = SessionRef(source.tenant, check_session_id(named, param="session_id"))
+            if target == source:
+                raise InvalidRequest("A fork needs a new session id.", param="session_id")
+            if not await store.fork(source, turns, target):
+                raise Conflict(
+                    f"Session `{target.id}` exists already, and a fork never writes over a "
+                    "session: name a new id (or delete that session first).",
+                    param="session_id",
+                    code="session_exists",
+                )
+        else:
+            target = await fork_to_new_id(store, source, turns, f"{source.id}.fork-")
         body = {
             "object": "session",
             "id": target.id,
@@ -125,9 +134,9 @@ def build_sessions_router() -> APIRouter:
         """A tool result that compaction elided, whole (handles are `m<message index>`)."""
         session = _session(session_id, request)
         messages = history(await _load(store_of(request), session))
-        index = int(handle[1:]) if handle[:1] == "m" and handle[1:].isdigit() else -1
+        index = ascii_number(handle[1:]) if handle[:1] == "m" else None
         results = tool_results(messages)
-        if index not in results:
+        if index is None or index not in results:
             raise NotFound(
                 f"Session `{session.id}` has no tool result `{handle}`.", code="artifact_not_found"
             )

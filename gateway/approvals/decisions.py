@@ -19,6 +19,7 @@ from dataclasses import replace
 from gateway.approvals.audit import AuditEvent, AuditLog
 from gateway.approvals.records import ID_PATTERN, STATUSES, Approval, Decision, Verdict
 from gateway.approvals.store import RedisApprovals
+from gateway.client_text import check_label
 from gateway.errors import Conflict, InvalidRequest, NotFound, PermissionDenied
 from gateway.inbound import json_object
 from gateway.keys.identity import Identity
@@ -121,4 +122,6 @@ def _decision_of(raw: bytes) -> tuple[Verdict, str | None]:
         raise InvalidRequest(
             f"`reason` must be a string of at most {_MAX_REASON} characters.", param="reason"
         )
+    if reason:  # kept in the audit trail and on spans: one line, as the reviewer sent it
+        check_label(reason, param="reason")
     return verdict, reason or None

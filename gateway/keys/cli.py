@@ -9,6 +9,7 @@ import asyncio
 import datetime as dt
 import sys
 
+from gateway.client_text import HUGE, ascii_number, control_character
 from gateway.policy import Policy
 from gateway.policy.quota import RateLimitSpec
 
@@ -102,10 +103,18 @@ def _limits_text(limits: RateLimitSpec | None) -> str:
     return ",".join(parts)
 
 
+def _label(text: str) -> str:
+    if (bad := control_character(text)) is not None:
+        raise argparse.ArgumentTypeError(f"must not contain control characters (found {bad})")
+    return text
+
+
 def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be a whole number of at least 1")
+    value = ascii_number(text)
+    if value is None or not 1 <= value < HUGE:
+        raise argparse.ArgumentTypeError(
+            f"must be a whole number (digits 0-9) from 1 to {HUGE - 1}, not {text!r}"
+        )
     return value
 
 
@@ -122,7 +131,9 @@ def add_keys_parser(
         "create", parents=[policy], help="create a key for a tenant; prints it once"
     )
     create.add_argument("--tenant", required=True)
-    create.add_argument("--name", default="", help="a label: who holds the key")
+    create.add_argument(
+        "--name", default="", type=_label, help="a label: who holds the key (no control characters)"
+    )
     create.add_argument(
         "--role", action="append", choices=["approver"], help="an extra role (repeatable)"
     )

@@ -23,6 +23,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from pydantic import ValidationError
 
+from gateway.client_text import control_character
 from gateway.keys.identity import Identity, key_id_of, new_key
 from gateway.policy.quota import RateLimitSpec
 from gateway.redis_client import RedisClient
@@ -113,6 +114,8 @@ class RedisKeys:
         wanted = tuple(dict.fromkeys(roles)) or ("user",)
         if unknown := [r for r in wanted if r not in ROLES]:
             raise ValueError(f"unknown role {unknown[0]!r} (expected one of: {', '.join(ROLES)})")
+        if (bad := control_character(name)) is not None:  # the API and CLI refuse it first
+            raise ValueError(f"a key's name must not contain control characters (found {bad})")
         try:
             for _ in range(5):  # a 48-bit key id collides about never; still, never reuse one
                 key = new_key()

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.keys.cache_scope import CacheScope, scope_of
 from gateway.policy import Policy
 from gateway.policy.schema import LimitsSpec, TenantSpec
 from gateway.policy.sessions import TrimmingSpec
@@ -32,6 +33,7 @@ class TenantSettings:
     models: frozenset[str] | None  # None: every alias
     tiers: tuple[str, ...] | None  # None: every tier
     capture_content: bool  # effective: the policy captures, and the tenant opted in
+    cache_scope: CacheScope  # whom its prompts share the engines' prefix cache with
 
     def public(self) -> dict[str, Any]:
         """What `GET /admin/tenants` shows: the settings in effect, overrides merged."""
@@ -48,6 +50,7 @@ class TenantSettings:
                 "low_water_tokens": self.trimming.low_water_tokens,
             },
             "fallbacks": {alias: list(chain) for alias, chain in self.fallbacks.items() if chain},
+            **self.cache_scope.public(),
         }
 
 
@@ -69,6 +72,14 @@ class TenantPolicies:
 
 def _settings(policy: Policy, name: str, spec: TenantSpec | None) -> TenantSettings:
     capture = policy.telemetry.traces.capture_content
+    # More than one tenant can send requests once the policy lists any besides `default`.
+    multi_tenant = any(tenant != DEFAULT_TENANT for tenant in policy.tenants)
+    scope = scope_of(
+        name,
+        spec.prefix_cache if spec is not None else None,
+        spec.prefix_cache_group if spec is not None else None,
+        multi_tenant=multi_tenant,
+    )
     if spec is None:
         return TenantSettings(
             name,
@@ -79,6 +90,7 @@ def _settings(policy: Policy, name: str, spec: TenantSpec | None) -> TenantSetti
             None,
             None,
             capture,
+            scope,
         )
     usable = [alias for alias in policy.models if may_use(policy, spec, alias)]
     fallbacks = {
@@ -102,4 +114,5 @@ def _settings(policy: Policy, name: str, spec: TenantSpec | None) -> TenantSetti
         frozenset(usable) if spec.models is not None or spec.tiers is not None else None,
         spec.tiers,
         capture and spec.capture_content,
+        scope,
     )

@@ -4,20 +4,35 @@ whether prefix changes are reported (gateway/canonical.py applies it)."""
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from gateway.policy.base import Strict
 from gateway.policy.volatile_presets import PRESETS
+from gateway.untrusted.regex import LinearRegex, UnsafePattern
 
 
 class VolatilePattern(Strict):
     name: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]*$")] = Field(
         description="Placeholder name; without `regex`, a preset: " + ", ".join(sorted(PRESETS))
     )
-    regex: str | None = Field(None, description="Python regex; defaults to the preset's.")
+    regex: str | None = Field(
+        None,
+        description="Regex in RE2 syntax (linear time: no backreferences, no lookaround); "
+        "defaults to the preset's.",
+    )
+
+    @field_validator("regex")
+    @classmethod
+    def _linear_regex(cls, pattern: str | None) -> str | None:
+        # It runs on every client's system prompt: RE2, so no pattern can backtrack.
+        if pattern is not None:
+            try:
+                LinearRegex(pattern)
+            except UnsafePattern as exc:
+                raise ValueError(f"not a valid regex: {exc.reason} (RE2 syntax)") from None
+        return pattern
 
     @model_validator(mode="after")
     def _regex_or_preset(self) -> VolatilePattern:
@@ -25,11 +40,6 @@ class VolatilePattern(Strict):
             raise ValueError(
                 f"no preset named {self.name!r}: give a regex or one of {sorted(PRESETS)}"
             )
-        if self.regex is not None:
-            try:
-                re.compile(self.regex)
-            except re.error as exc:
-                raise ValueError(f"not a valid regex: {exc}") from None
         return self
 
 

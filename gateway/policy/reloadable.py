@@ -23,6 +23,10 @@ from gateway.policy.schema import Policy
 RESTART_ONLY: dict[str, str] = {
     "server.host": "the listening socket is bound once, before the app starts",
     "server.port": "the listening socket is bound once, before the app starts",
+    "server.header_timeout_s": "the server's connection protocol (gateway/connections.py) is "
+    "built once, before the listening socket opens",
+    "server.keep_alive_s": "the server's connection protocol is built once",
+    "server.max_connections": "the server's connection protocol is built once",
     "limits.max_body_bytes": "built into the ASGI stack (gateway/api/calls.py), which is "
     "assembled once",
     "auth": "the API-key check is part of the ASGI stack, on or off, from the start; the "

@@ -51,6 +51,14 @@ class AdmissionSpec(Strict):
         "`routing.max_waiting`): answer 429 at once, or wait up to `wait_s` for room.",
     )
     wait_s: float = Field(2.0, gt=0, description="Longest wait for room with `on_saturated: wait`.")
+    share_wait_s: float = Field(
+        10.0,
+        gt=0,
+        description="Every replica full: a request of a tenant below its share of the pool "
+        "(`tenants.<name>.share`) waits in line this long for the next free slot, its tenant "
+        "served before those above their share; a tenant at or above its share is answered "
+        "per `on_saturated` (gateway/resilience/fair_share.py).",
+    )
     retry_after_s: int = Field(1, ge=1, description="Retry-After on the 429.")
 
 

@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, Field, model_validator
 
+from gateway.client_text import control_character
 from gateway.policy.approvals import ApprovalsSpec
 from gateway.policy.base import Name, Strict
 from gateway.policy.canonicalize import CanonicalizeSpec
@@ -53,6 +54,29 @@ class ServerSpec(Strict):
         description="How often `gateway serve` re-reads the policy file and applies it when "
         "its content changed (gateway/reload.py); 0: only on SIGHUP.",
     )
+    # The client side of the gateway's sockets (gateway/connections.py); restart-only.
+    header_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="A client's request headers must be complete within this long of its "
+        "connecting (or of the first byte of a later request on the connection); else the "
+        "connection is closed, with 408 request_timeout if a request had begun. Bounds "
+        "slowloris clients and connections that never send a byte.",
+    )
+    keep_alive_s: float = Field(
+        5.0,
+        gt=0,
+        description="A kept-alive connection idle this long after a response is closed "
+        "(uvicorn's timeout_keep_alive). Behind a load balancer that reuses connections, set "
+        "it above the balancer's idle timeout.",
+    )
+    max_connections: int = Field(
+        8192,
+        ge=1,
+        description="Most client connections open at once. A new one past it closes the "
+        "connection idle the longest (no byte sent yet, or waiting between requests); when "
+        "none is idle, the new one is closed at once. A request in flight is never cut.",
+    )
 
 
 class LimitsSpec(Strict):
@@ -87,6 +111,13 @@ class LimitsSpec(Strict):
         description="Highest `max_tokens` / `max_completion_tokens` (`max_output_tokens` "
         "in the Responses API) a request may ask for; higher gets 400 max_tokens_too_large. "
         "The engine still enforces its own context length below this.",
+    )
+    max_n: int = Field(
+        16,
+        ge=1,
+        description="Highest `n` (choices per request, chat and completions) a request may "
+        "ask for; higher gets 400 integer_above_max_value. `n` multiplies the engine's work "
+        "and the request's token estimate against rate limits and budgets.",
     )
 
 
@@ -226,11 +257,22 @@ KeyDigest = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 KeyRole = Literal["user", "approver"]
 
 
+def _one_line(value: str) -> str:
+    if (bad := control_character(value)) is not None:
+        raise ValueError(f"must not contain control characters (found {bad})")
+    return value
+
+
+# A key's name is listed and written into log lines: no line breaks or other control
+# characters (a run-time key's name is held to the same rule: gateway/client_text.py).
+KeyName = Annotated[str, Field(max_length=128), AfterValidator(_one_line)]
+
+
 class StaticKeySpec(Strict):
     """A tenant's key written into the policy, hashed (never the key itself)."""
 
     sha256: KeyDigest = Field(description="Lowercase hex SHA-256 of the key's text.")
-    name: str = Field("", max_length=128, description="A label for people (who holds it).")
+    name: KeyName = Field("", description="A label for people (who holds it).")
     roles: tuple[KeyRole, ...] = Field(
         ("user",), description="`user` calls /v1; `approver` may also decide approvals."
     )
@@ -241,7 +283,7 @@ class StaticKeySpec(Strict):
 
 class AdminKeySpec(Strict):
     sha256: KeyDigest = Field(description="Lowercase hex SHA-256 of the admin key's text.")
-    name: str = Field("", max_length=128)
+    name: KeyName = ""
 
 
 class TenantSpec(Strict):
@@ -286,6 +328,38 @@ class TenantSpec(Strict):
     budget: BudgetSpec | None = Field(
         None, description="Tokens or dollars per UTC day and month (gateway/quota/)."
     )
+    share: float = Field(
+        1.0,
+        gt=0,
+        le=1000,
+        description="This tenant's weight when a pool's replicas are full: each tenant with "
+        "requests in flight or waiting is entitled to capacity in proportion to its weight; "
+        "one below that waits in line first, one above it is shed first. Tenants not listed "
+        "weigh 1 (gateway/resilience/fair_share.py).",
+    )
+    prefix_cache: Literal["isolated", "shared"] | None = Field(
+        None,
+        description="Whether this tenant's prompts share the engines' prefix cache with other "
+        "tenants (`shared`) or only with its own requests (`isolated`: a `cache_salt` of its "
+        "own at the engine, its own keyspace in the router's index). Unset: isolated when the "
+        "policy lists a tenant other than `default`, shared otherwise "
+        "(gateway/keys/cache_scope.py).",
+    )
+    prefix_cache_group: Name | None = Field(
+        None,
+        description="With `prefix_cache: shared`: share only with the tenants of this group "
+        "(one company's agents sharing a system prompt). Unset: share with every tenant "
+        "that shares without a group.",
+    )
+
+    @model_validator(mode="after")
+    def _group_only_when_shared(self) -> TenantSpec:
+        if self.prefix_cache_group is not None and self.prefix_cache == "isolated":
+            raise ValueError(
+                "prefix_cache_group names tenants to share with: it needs "
+                "`prefix_cache: shared` (or leave prefix_cache unset)"
+            )
+        return self
 
 
 class AuthSpec(Strict):

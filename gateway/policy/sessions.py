@@ -6,9 +6,10 @@ from __future__ import annotations
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from gateway.policy.base import Name, Strict
+from gateway.untrusted.schemas import ClientSchema, UnsafeSchema, prepare
 
 
 class StateSpec(Strict):
@@ -74,14 +75,33 @@ class StateToolSpec(Strict):
     schema_: dict[str, Any] | None = Field(
         None,
         alias="schema",
-        description="JSON Schema a snapshot must meet; one that fails is sent whole.",
+        description="JSON Schema (2020-12) a snapshot must meet; one that fails is sent "
+        "whole. References only inside it (`#...`), patterns in RE2 syntax.",
     )
+    # Prepared once, when the policy loads (gateway/untrusted/schemas.py).
+    _checked_schema: ClientSchema | None = PrivateAttr(None)
+
+    @field_validator("schema_")
+    @classmethod
+    def _bounded_schema(cls, schema: dict[str, Any] | None) -> dict[str, Any] | None:
+        if schema is not None:
+            try:
+                prepare(schema)
+            except UnsafeSchema as exc:
+                raise ValueError(f"not a JSON Schema the gateway can apply: {exc.reason}") from None
+        return schema
 
     @model_validator(mode="after")
     def _named_somehow(self) -> StateToolSpec:
         if (self.id_field is None) == (self.id_argument is None):
             raise ValueError("give exactly one of id_field or id_argument")
+        if self.schema_ is not None:
+            self._checked_schema = prepare(self.schema_)
         return self
+
+    @property
+    def checked_schema(self) -> ClientSchema | None:
+        return self._checked_schema
 
 
 class TrimmingSpec(Strict):

@@ -35,6 +35,7 @@ class LimitsOverride(Strict):
     max_tools: int | None = Field(None, ge=1, description="Most `tools` in one request.")
     max_json_depth: int | None = Field(None, ge=8, le=128, description="Deepest nesting.")
     max_tokens: int | None = Field(None, ge=1, description="Highest `max_tokens` asked for.")
+    max_n: int | None = Field(None, ge=1, description="Highest `n` (choices) asked for.")
 
 
 class TrimmingOverride(Strict):

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from gateway.policy.base import Name, Strict
+from gateway.untrusted.regex import LinearRegex, UnsafePattern
+from gateway.untrusted.schemas import ClientSchema, UnsafeSchema, prepare
 
 ResponseFormatKind = Literal["text", "json_object", "json_schema", "enum", "small_object"]
 
@@ -34,18 +35,20 @@ class RuleWhen(Strict):
         None, ge=1, description="Estimated prompt tokens (messages and tools) at most this."
     )
     last_user_matches: str | None = Field(
-        None, description="Python regex searched in the last user message."
+        None,
+        description="Regex searched in the last user message, in RE2 syntax (linear time: "
+        "no backreferences, no lookaround).",
     )
+
+    @field_validator("last_user_matches")
+    @classmethod
+    def _linear_regex(cls, pattern: str | None) -> str | None:
+        return _linear(pattern, "last_user_matches is not a valid regex")
 
     @model_validator(mode="after")
     def _something_to_match(self) -> RuleWhen:
         if all(value is None for value in self.__dict__.values()):
             raise ValueError("a rule needs at least one matcher in `when`")
-        if self.last_user_matches is not None:
-            try:
-                re.compile(self.last_user_matches)
-            except re.error as exc:
-                raise ValueError(f"last_user_matches is not a valid regex: {exc}") from None
         return self
 
 
@@ -72,29 +75,79 @@ class LearnedRouterSpec(Strict):
 class GuardrailSpec(Strict):
     """Deterministic checks of the answer, applied to every request of the route."""
 
-    json_schema: dict[str, Any] | None = Field(None, description="JSON Schema the answer meets.")
+    json_schema: dict[str, Any] | None = Field(
+        None,
+        description="JSON Schema (2020-12) the answer meets; references only inside it "
+        "(`#...`), patterns in RE2 syntax.",
+    )
     enum: tuple[str, ...] | None = Field(None, min_length=1, description="The answer is one of.")
-    regex: str | None = Field(None, description="Python regex the whole answer matches.")
+    regex: str | None = Field(
+        None,
+        description="Regex the whole answer matches, in RE2 syntax (linear time: no "
+        "backreferences, no lookaround).",
+    )
     parses_as: Literal["json", "python"] | None = Field(
         None, description="The answer parses as JSON, or as Python (`ast.parse`)."
     )
+    # Compiled once, when the policy loads (gateway/untrusted/).
+    _checked_schema: ClientSchema | None = PrivateAttr(None)
+    _compiled_regex: LinearRegex | None = PrivateAttr(None)
+
+    @field_validator("regex")
+    @classmethod
+    def _linear_regex(cls, pattern: str | None) -> str | None:
+        return _linear(pattern, "regex is not valid")
+
+    @field_validator("json_schema")
+    @classmethod
+    def _bounded_schema(cls, schema: dict[str, Any] | None) -> dict[str, Any] | None:
+        if schema is not None:
+            try:
+                _official_check(schema)
+                prepare(schema)
+            except UnsafeSchema as exc:
+                raise ValueError(f"json_schema is not a valid JSON Schema: {exc.reason}") from None
+        return schema
 
     @model_validator(mode="after")
-    def _valid(self) -> GuardrailSpec:
-        if self.regex is not None:
-            try:
-                re.compile(self.regex)
-            except re.error as exc:
-                raise ValueError(f"regex is not valid: {exc}") from None
+    def _compiled(self) -> GuardrailSpec:
         if self.json_schema is not None:
-            from jsonschema import Draft202012Validator
-            from jsonschema.exceptions import SchemaError
-
-            try:
-                Draft202012Validator.check_schema(self.json_schema)
-            except SchemaError as exc:
-                raise ValueError(f"json_schema is not a valid JSON Schema: {exc.message}") from None
+            self._checked_schema = prepare(self.json_schema)
+        if self.regex is not None:
+            self._compiled_regex = LinearRegex(self.regex)
         return self
+
+    @property
+    def checked_schema(self) -> ClientSchema | None:
+        return self._checked_schema
+
+    @property
+    def compiled_regex(self) -> LinearRegex | None:
+        return self._compiled_regex
+
+
+def _linear(pattern: str | None, problem: str) -> str | None:
+    if pattern is not None:
+        try:
+            LinearRegex(pattern)
+        except UnsafePattern as exc:
+            raise ValueError(
+                f"{problem}: {exc.reason} (RE2 syntax, matched in linear time)"
+            ) from None
+    return pattern
+
+
+def _official_check(schema: dict[str, Any]) -> None:
+    """The whole meta-schema, as `jsonschema` checks it: affordable once, at load."""
+    from jsonschema import Draft202012Validator
+
+    # Without format checks: `format: regex` would judge patterns by Python's `re`, and
+    # they are RE2's (the bounded check below judges them).
+    meta = Draft202012Validator(Draft202012Validator.META_SCHEMA)
+    document = {key: value for key, value in schema.items() if key != "$schema"}
+    error = next(iter(meta.iter_errors(document)), None)
+    if error is not None:
+        raise UnsafeSchema(error.message)
 
 
 class CascadeSpec(Strict):

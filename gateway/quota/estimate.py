@@ -4,9 +4,10 @@ No tokenizer runs on the hot path: the prompt is taken as a quarter of the reque
 bytes (BPE tokenizers average about four characters of English per token; the JSON
 around the messages makes this an overestimate, and UTF-8's longer characters
 roughly keep it honest for other scripts), and the completion as the `max_tokens` (or
-`max_completion_tokens`) the request asks for, times `n`, or nothing when it sets no
-ceiling. The guess only decides admission: once the response has been sent, the charge
-is replaced by the engine's own count (gateway/quota/service.py).
+`max_completion_tokens`) the request asks for, times `n` (at most `limits.max_n`:
+gateway/inbound.py), or nothing when it sets no ceiling. The guess only decides
+admission: once the response has been sent, the charge is replaced by the engine's own
+count (gateway/quota/service.py).
 """
 
 from __future__ import annotations

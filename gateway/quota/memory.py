@@ -39,15 +39,21 @@ class MemoryQuotaStore:
         used = tuple(self._used(p) for p in periods)
         over = _first_over(periods, used) if enforce_budget else -1
         admitted = over < 0 and denied < 0
+        taken = [0] * len(buckets)
         if admitted:
             for i, bucket in enumerate(buckets):
-                levels[i] -= bucket.cost
+                after = max(-bucket.capacity, levels[i] - bucket.cost)  # the debt floor
+                cut = after != levels[i] - bucket.cost  # rounded as the Lua script rounds:
+                taken[i] = math.floor(levels[i] - after + 0.5) if cut else bucket.cost
+                levels[i] = after
                 self.levels[bucket.key] = (levels[i], now)
             for period in periods:
                 counters = self.counters.setdefault(period.key, {"tokens": 0, "nusd": 0})
                 counters["tokens"] += period.tokens
                 counters["nusd"] += period.nusd
-        states = tuple(_state(b, level) for b, level in zip(buckets, levels, strict=True))
+        states = tuple(
+            _state(b, level, took) for b, level, took in zip(buckets, levels, taken, strict=True)
+        )
         if over >= 0:
             return Verdict("over_budget", over, math.ceil(wait), states, used)
         if denied >= 0:
@@ -65,8 +71,8 @@ class MemoryQuotaStore:
         self._check_up()
         now = self._clock_ms()
         for bucket in tokens:
-            level = min(bucket.capacity, self._level(bucket, now) - token_delta)
-            self.levels[bucket.key] = (level, now)
+            level = self._level(bucket, now) - token_delta - bucket.forgiven
+            self.levels[bucket.key] = (max(-bucket.capacity, min(bucket.capacity, level)), now)
         for period in periods:
             counters = self.counters.get(period.key)
             if counters is not None:
@@ -99,6 +105,6 @@ def _first_over(periods: Sequence[Period], used: Sequence[tuple[int, int]]) -> i
     return -1
 
 
-def _state(bucket: Bucket, level: float) -> BucketState:
+def _state(bucket: Bucket, level: float, taken: int) -> BucketState:
     reset = math.ceil((bucket.capacity - level) * MINUTE_MS / bucket.capacity)
-    return BucketState(math.floor(max(0.0, level)), reset)
+    return BucketState(math.floor(max(0.0, level)), reset, taken)

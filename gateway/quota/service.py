@@ -11,8 +11,11 @@ Retry-After and the x-ratelimit-* headers, or `budget_exceeded` (type
 
 Settling (at the edge, after the last byte, streams included: gateway/middleware.py):
 the estimate is replaced by what the engines counted, at the policy's prices. A request
-that failed without an answer is refunded; one that was answered but whose count never
-came (a stream the client cut short) keeps its estimate.
+that failed without an answer is refunded. A stream whose count never came (the client
+cut it short, or the engine broke off) is settled on what it relayed: its estimated
+prompt, and one completion token per chunk (vLLM streams a chunk per token of one choice;
+its role and finish chunks make this err a little high), never on `max_tokens` x `n` it
+did not produce. An answer read whole that carried no count keeps its estimate.
 
 A request nothing limits (its tenant has no limits or budget, its key none of its own)
 costs a dict lookup: no store call, no estimate.
@@ -64,9 +67,10 @@ class Grant:
     request: InboundRequest
     headers: dict[str, str]
     tenant: str
-    tokens: tuple[Bucket, ...]  # its token buckets
+    tokens: tuple[Bucket, ...]  # its token buckets, each with what admission forgave it
     periods: tuple[Period, ...]
-    estimated_tokens: int
+    estimated_prompt: int
+    estimated_tokens: int  # prompt and completion
     estimated_nusd: int
     quota: Quota
 
@@ -139,7 +143,11 @@ class Quota:
         if verdict.outcome == "rate_limited":
             raise self._rate_limited(tenant, identity, buckets, verdict)
         headers.update(rate_headers(buckets, verdict.buckets))
-        token_buckets = tuple(b for b in buckets if b.unit == "tokens")
+        token_buckets = tuple(
+            replace(bucket, forgiven=bucket.cost - state.taken)  # the debt floor's cut
+            for bucket, state in zip(buckets, verdict.buckets, strict=True)
+            if bucket.unit == "tokens"
+        )
         estimated_nusd = periods[0].nusd if periods else 0
         return Grant(
             request,
@@ -147,6 +155,7 @@ class Quota:
             tenant,
             token_buckets,
             periods,
+            prompt,
             prompt + completion,
             estimated_nusd,
             self,
@@ -157,7 +166,7 @@ class Quota:
         response has been sent; an outage leaves the estimate charged (and is counted)."""
         if not grant.tokens and not grant.periods:
             return  # only request counts: nothing to correct
-        actual = self._actual(record)
+        actual = self._actual(grant, record)
         if actual is None:
             return
         token_delta = actual[0] - grant.estimated_tokens
@@ -172,15 +181,22 @@ class Quota:
             log.warning("quota of request %s not settled: %s", record.request_id, exc)
             self._metrics.quota_store_failures.labels("unsettled").inc()
 
-    def _actual(self, record: RequestRecord) -> tuple[int, int] | None:
+    def _actual(self, grant: Grant, record: RequestRecord) -> tuple[int, int] | None:
         """Tokens and nano-dollars the request used: the engines' counts; nothing for a
         request that failed uncounted or never reached an engine (answered by the gateway
-        itself); None (keep the estimate) for one an engine answered but never counted."""
+        itself); for a stream that ended uncounted, its prompt as estimated and a token
+        per chunk relayed; None (keep the estimate) for a whole answer never counted."""
         answers = (record.result, *(facts for _, facts in record.earlier))
         if any(a.prompt_tokens is not None or a.completion_tokens is not None for a in answers):
             spend = self._prices.spend(record)
             return spend.input_tokens + spend.output_tokens, spend.cost_nusd
-        return (0, 0) if record.status >= 400 or not record.attempts else None
+        if record.status >= 400 or not record.attempts:
+            return 0, 0
+        if not record.stream:
+            return None
+        prompt, completion = grant.estimated_prompt, record.result.chunks
+        price = self._prices.by_pool.get(record.pool or "")
+        return prompt + completion, estimate_nusd(price, prompt, completion)
 
     def _periods(
         self,

@@ -7,7 +7,17 @@ window's edge, and unlike a sliding log it is two numbers per bucket (`level`, a
 when it was last written), whatever the traffic. A request may cost more than a bucket
 holds (a long prompt against a small tokens-per-minute limit): it is admitted once the
 bucket is full and leaves it in debt, which later requests wait out, so no request is
-refused forever and the average still holds.
+refused forever.
+
+The debt has a floor: one bucket. No admission and no settling takes a bucket below
+`-capacity`, so whatever one request asks for or uses, the tenant's (or key's) next
+request waits at most a minute for the bucket to come back to zero, plus the time its
+own cost takes to refill. Without the floor, one key's request with `n: 100` and
+`max_tokens: 1000` against 2,000 tokens a minute locked every key of its tenant out for
+49 minutes. What the floor forgives is forgiven by the rate limit only: budgets count
+every token. Admission reports what each bucket actually took (`BucketState.taken`), and
+the settling of that request adds back what it did not (`Bucket.forgiven`), so a refund
+never returns more than was taken.
 
 Budgets are two counters (tokens, nano-dollars) per tenant and UTC period (day, month).
 Admission adds the request's estimate at once, so concurrent requests cannot all slip
@@ -55,6 +65,9 @@ class Bucket:
     unit: Unit
     capacity: int  # the per-minute limit
     cost: int
+    # Settling: what admission did not take of `cost` because of the debt floor; the
+    # correction adds it, so the bucket ends where the actual use puts it (floor allowing).
+    forgiven: int = 0
 
     @property
     def limit(self) -> str:
@@ -80,6 +93,7 @@ class Period:
 class BucketState:
     remaining: int  # whole units left (0 while in debt)
     reset_ms: int  # until the bucket is full again
+    taken: int = 0  # what the admission took out (its cost, unless the debt floor cut it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,14 +130,15 @@ class QuotaStore(Protocol):
         nusd_delta: int,
     ) -> None:
         """Correct an admitted request's charge: `token_delta` (actual less estimated,
-        either sign) on its token buckets and periods, `nusd_delta` on its periods."""
+        either sign) on its periods and, plus each bucket's `forgiven`, on its token
+        buckets (never below the floor); `nusd_delta` on its periods."""
         ...
 
 
 # What both scripts share: Redis's clock, a bucket's level now (its saved level refilled
 # since it was saved, at most its capacity; a bucket with no key is full), keeping a level
-# (the key lives until the bucket would be full again, so an idle bucket costs no memory),
-# and the call's `once` key.
+# (the key lives until the bucket would be full again, so an idle bucket costs no memory;
+# never below one bucket of debt), and the call's `once` key.
 _BUCKETS = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -134,6 +149,7 @@ local function level_of(key, cap)
   return math.min(cap, tonumber(saved[1]) + elapsed * cap / 60000)
 end
 local function keep(key, cap, level)
+  level = math.max(-cap, level)  -- the debt floor: one bucket
   redis.call('HSET', key, 'level', string.format('%.17g', level), 'at', now)
   redis.call('PEXPIRE', key, math.ceil((cap - level) * 60000 / cap) + 1000)
 end
@@ -146,7 +162,8 @@ local ONCE_MS = 60000  -- outlives redis-py's retries of one call
 # ARGV: #buckets, #periods, enforce budget (1/0); per bucket: capacity, cost; per period:
 # token limit, nusd limit (-1: none), tokens, nusd, expire-at (unix s).
 # Returns {outcome (1 admitted, 0 rate limited, 2 over budget), denied (1-based), wait ms,
-# per bucket: remaining, reset ms; per period: tokens used, nusd used}.
+# per bucket: remaining, reset ms, taken (0 unless admitted); per period: tokens used, nusd
+# used}.
 ADMIT = (
     _BUCKETS
     + """
@@ -158,7 +175,7 @@ if answered then  -- this very call ran already (the client retried it): the sam
 end
 local nb, np = tonumber(ARGV[1]), tonumber(ARGV[2])
 local enforce = ARGV[3] == '1'
-local levels, wait, denied = {}, 0, 0
+local levels, taken, wait, denied = {}, {}, 0, 0
 for i = 1, nb do
   local cap, cost = tonumber(ARGV[2 + 2 * i]), tonumber(ARGV[3 + 2 * i])
   local level = level_of(KEYS[i], cap)
@@ -167,7 +184,7 @@ for i = 1, nb do
     local w = (need - level) * 60000 / cap
     if w > wait then wait, denied = w, i end
   end
-  levels[i] = level
+  levels[i], taken[i] = level, 0
 end
 local base = 4 + 2 * nb
 local used, over = {}, 0
@@ -194,8 +211,10 @@ end
 if outcome == 1 then
   for i = 1, nb do
     local cap, cost = tonumber(ARGV[2 + 2 * i]), tonumber(ARGV[3 + 2 * i])
-    levels[i] = levels[i] - cost
-    keep(KEYS[i], cap, levels[i])
+    local after = math.max(-cap, levels[i] - cost)
+    taken[i] = (after == levels[i] - cost) and cost or math.floor(levels[i] - after + 0.5)
+    levels[i] = after
+    keep(KEYS[i], cap, after)
   end
   for p = 1, np do
     local o = base + 5 * (p - 1)
@@ -209,6 +228,7 @@ for i = 1, nb do
   local cap = tonumber(ARGV[2 + 2 * i])
   out[#out + 1] = math.floor(math.max(0, levels[i]))
   out[#out + 1] = math.ceil((cap - levels[i]) * 60000 / cap)
+  out[#out + 1] = taken[i]
 end
 for p = 1, np do
   out[#out + 1] = used[p][1]
@@ -224,8 +244,9 @@ return out
 )
 
 # KEYS: the token buckets, then the periods, then this call's `once` key. ARGV: #buckets,
-# #periods, token delta, nusd delta, then each bucket's capacity. A period whose key is
-# gone is left alone (it expired: there is nothing to correct).
+# #periods, token delta, nusd delta, then per bucket: capacity, its own delta (the token
+# delta plus what admission forgave it). A period whose key is gone is left alone (it
+# expired: there is nothing to correct).
 SETTLE = (
     _BUCKETS
     + """
@@ -234,8 +255,8 @@ if not redis.call('SET', once, '1', 'NX', 'PX', ONCE_MS) then
 end
 local nb, np = tonumber(ARGV[1]), tonumber(ARGV[2])
 for i = 1, nb do
-  local cap = tonumber(ARGV[4 + i])
-  local level = math.min(cap, level_of(KEYS[i], cap) - tonumber(ARGV[3]))
+  local cap, delta = tonumber(ARGV[3 + 2 * i]), tonumber(ARGV[4 + 2 * i])
+  local level = math.min(cap, level_of(KEYS[i], cap) - delta)
   if level >= cap then
     redis.call('DEL', KEYS[i])  -- full: the same as no key
   else
@@ -292,7 +313,9 @@ class RedisQuotaStore:
         token_delta: int,
         nusd_delta: int,
     ) -> None:
-        args = [len(tokens), len(periods), token_delta, nusd_delta, *(b.capacity for b in tokens)]
+        args = [len(tokens), len(periods), token_delta, nusd_delta]
+        for bucket in tokens:
+            args += [bucket.capacity, token_delta + bucket.forgiven]
         keys = [b.key for b in tokens] + [p.key for p in periods] + [_once(tenant)]
         await self._settle(keys=keys, args=args)
 
@@ -310,7 +333,7 @@ def _or_none(limit: int | None) -> int:
 
 def _verdict(raw: Any, buckets: int, periods: int) -> Verdict:
     values = [int(v) for v in raw]
-    states = tuple(BucketState(values[3 + 2 * i], values[4 + 2 * i]) for i in range(buckets))
-    base = 3 + 2 * buckets
+    states = tuple(BucketState(*values[3 + 3 * i : 6 + 3 * i]) for i in range(buckets))
+    base = 3 + 3 * buckets
     used = tuple((values[base + 2 * p], values[base + 2 * p + 1]) for p in range(periods))
     return Verdict(_OUTCOMES[values[0]], values[1] - 1, values[2], states, used)

@@ -46,6 +46,7 @@ from gateway.policy import Policy
 from gateway.policy.resilience import RetrySpec
 from gateway.replicas import Pool, Replica
 from gateway.resilience.breaker import ReplicaBreaker
+from gateway.resilience.fair_share import FairQueue, Ticket
 from gateway.routing.costs import RouteRequest
 from gateway.routing.router import Decision, EngineLoad, Router
 from gateway.telemetry import names
@@ -59,19 +60,30 @@ Outcome = Literal["ok", "failed", "released"]
 
 @dataclass
 class _Slot:
-    """A request's place at a replica: its in-flight count and, while the breaker is
-    half-open, its trial. Given back exactly once, with the outcome the breaker records."""
+    """A request's place at a replica: its in-flight count (its tenant's too) and, while
+    the breaker is half-open, its trial. Given back exactly once, with the outcome the
+    breaker records; whoever is first in the pool's line is then woken."""
 
     replica: Replica
     breaker: ReplicaBreaker
     trial: bool
+    tenant: str
+    line: FairQueue
+    pool: Pool
     done: bool = False
 
     def give_back(self, outcome: Outcome) -> None:
         if self.done:
             return
         self.done = True
-        self.replica.inflight -= 1
+        replica = self.replica
+        replica.inflight -= 1
+        held = replica.by_tenant.get(self.tenant, 0) - 1
+        if held > 0:
+            replica.by_tenant[self.tenant] = held
+        else:
+            replica.by_tenant.pop(self.tenant, None)
+        self.line.released(self.pool.replicas)
         if outcome == "ok":
             self.breaker.succeeded(self.trial)
         elif outcome == "failed":
@@ -165,6 +177,8 @@ class Dispatcher:
         self._metrics = metrics
         self._engine_load = engine_load or (lambda url: None)
         self._breakers = breakers or Breakers(policy, metrics)
+        self._weights = {name: spec.share for name, spec in policy.tenants.items()}
+        self._lines: dict[str, FairQueue] = {}  # per pool: who waits for a slot
 
     async def send(
         self,
@@ -216,7 +230,9 @@ class Dispatcher:
 
     async def _try(self, outbound: _Outbound, tried: set[Replica]) -> Dispatch:
         model = outbound.model
-        candidates = await self._admitted(outbound.pool, model)
+        pool, tenant = outbound.pool, outbound.route.tenant
+        line = self._line(pool)
+        candidates = await self._admitted(pool, model, tenant, line)
         # Another replica when one exists; the same ones again only when none is left.
         exclude = frozenset(tried) if any(r not in tried for r in candidates) else frozenset()
         with outbound.record.stage("choose_replica") as stage:
@@ -230,7 +246,8 @@ class Dispatcher:
         # Recorded before sending, so a burst sharing a new prefix sees where it went.
         self._router.dispatched(decision, outbound.route)
         replica.inflight += 1
-        slot = _Slot(replica, breaker, breaker.started())
+        replica.by_tenant[tenant] = replica.by_tenant.get(tenant, 0) + 1
+        slot = _Slot(replica, breaker, breaker.started(), tenant, line, pool)
         attempt = outbound.record.attempt(replica.id, replica.pool)
         headers = outbound.headers
         if trace_headers := outbound.record.upstream_headers(attempt):
@@ -299,25 +316,57 @@ class Dispatcher:
             return _Retryable(refusal, retry_after)
         return refusal
 
-    async def _admitted(self, pool: Pool, model: str) -> list[Replica]:
-        """The replicas a request may go to now; waits for room or sheds, per policy."""
+    def _line(self, pool: Pool) -> FairQueue:
+        line = self._lines.get(pool.name)
+        if line is None:
+            line = self._lines[pool.name] = FairQueue(self._weights)
+        return line
+
+    async def _admitted(
+        self, pool: Pool, model: str, tenant: str, line: FairQueue
+    ) -> list[Replica]:
+        """The replicas a request may go to now. When every one is full: a request its
+        tenant's share entitles to wait waits in line for a slot
+        (gateway/resilience/fair_share.py); any other waits or is shed, per policy."""
         admission = self._policy.resilience.admission
         loop = asyncio.get_running_loop()
-        until = loop.time() + admission.wait_s
-        while True:
-            healthy = [r for r in pool.replicas if r.healthy and self._breakers.of(r).admits()]
-            if not healthy:
-                raise self._none_healthy(model)
-            roomy = [r for r in healthy if not self._full(r)]
-            if roomy:
-                return roomy
-            if admission.on_saturated == "reject" or loop.time() >= until:
-                self._metrics.shed.labels(pool.name).inc()
-                raise Overloaded(
-                    f"Every replica of model `{model}` is at capacity; retry shortly.",
-                    retry_after_s=admission.retry_after_s,
-                )
-            await asyncio.sleep(0.02)
+        now = loop.time()
+        until, line_until = now + admission.wait_s, now + admission.share_wait_s
+        ticket: Ticket | None = None
+        try:
+            while True:
+                healthy = [r for r in pool.replicas if r.healthy and self._breakers.of(r).admits()]
+                if not healthy:
+                    raise self._none_healthy(model)
+                roomy = [r for r in healthy if not self._full(r)]
+                if roomy and line.may_take(pool.replicas, ticket):
+                    return roomy
+                now = loop.time()
+                if ticket is None:
+                    capacity = len(healthy) * admission.max_inflight_per_replica
+                    if line.may_wait(pool.replicas, tenant, capacity):
+                        ticket = line.join(tenant)
+                        self._metrics.admission_waits.labels(pool.name, tenant).inc()
+                    elif admission.on_saturated == "reject" or now >= until:
+                        raise self._shed(pool, model, tenant)
+                if ticket is not None:
+                    if now >= line_until:
+                        raise self._shed(pool, model, tenant)
+                    await line.wait(ticket, line_until - now)
+                else:
+                    await asyncio.sleep(0.02)
+        finally:
+            if ticket is not None:
+                line.leave(ticket)
+                line.released(pool.replicas)  # the next in line may take what this left
+
+    def _shed(self, pool: Pool, model: str, tenant: str) -> Overloaded:
+        self._metrics.shed.labels(pool.name).inc()
+        self._metrics.shed_by_tenant.labels(pool.name, tenant).inc()
+        return Overloaded(
+            f"Every replica of model `{model}` is at capacity; retry shortly.",
+            retry_after_s=self._policy.resilience.admission.retry_after_s,
+        )
 
     def _full(self, replica: Replica) -> bool:
         if replica.inflight >= self._policy.resilience.admission.max_inflight_per_replica:

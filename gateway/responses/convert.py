@@ -50,7 +50,7 @@ def input_messages(items: Any) -> list[Message]:
         kind = item.get("type", "message")
         if kind == "message":
             role = item.get("role")
-            if role not in _ROLES:
+            if not isinstance(role, str) or role not in _ROLES:  # a list is unhashable
                 raise InvalidRequest(f"Unknown role `{role}`.", param=f"{param}.role")
             role = "system" if role == "developer" else role  # templates know `system`
             messages.append({"role": role, "content": _text_of(item.get("content"), param)})

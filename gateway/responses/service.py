@@ -20,7 +20,13 @@ import orjson
 from starlette.responses import Response, StreamingResponse
 
 from gateway.errors import InvalidRequest, NotFound
-from gateway.inbound import check_array_length, check_depth, check_max_tokens, json_object
+from gateway.inbound import (
+    check_array_length,
+    check_depth,
+    check_max_tokens,
+    client_schema,
+    json_object,
+)
 from gateway.keys.identity import OPEN_ACCESS, Identity, TenantAccess
 from gateway.keys.settings import TenantPolicies
 from gateway.pipeline import Pipeline
@@ -38,7 +44,7 @@ from gateway.responses.records import ResponseRecords
 from gateway.responses.stream import ResponseEvents
 from gateway.sessions.checkpoints import Message, history
 from gateway.sessions.keys import DEFAULT_TENANT, SessionRef
-from gateway.sessions.store import CheckpointStore
+from gateway.sessions.store import CheckpointStore, fork_to_new_id
 from gateway.telemetry.record import RequestRecord
 
 
@@ -73,7 +79,9 @@ class ResponsesService:
         response_id = f"resp_{uuid.uuid4().hex}"
         created_at = int(time.time())
         store = request.get("store", True) is not False
-        session, past = await self._continue_from(request.get("previous_response_id"), tenant)
+        session, past = await self._continue_from(
+            request.get("previous_response_id"), tenant, branch=store
+        )
         instructions = request.get("instructions")
         if instructions is not None and not isinstance(instructions, str):
             raise InvalidRequest("`instructions` must be a string.", param="instructions")
@@ -134,8 +142,11 @@ class ResponsesService:
         return {"id": response_id, "object": "response", "deleted": True}
 
     async def _continue_from(
-        self, previous: Any, tenant: str
+        self, previous: Any, tenant: str, *, branch: bool
     ) -> tuple[SessionRef | None, list[Message]]:
+        """The session to continue and its history up to `previous`; continuing from an
+        earlier response forks a branch, unless `branch` is False (a response not stored
+        adds no turn, so a branch would only be an orphan copy)."""
         if previous is None:
             return None, []
         if not isinstance(previous, str):
@@ -153,10 +164,8 @@ class ResponsesService:
         )
         if turn is None:
             raise _not_found(previous, "previous_response_id")
-        if turn < len(checkpoints):  # continuing from an earlier response: a branch
-            branch = SessionRef(session.tenant, f"{session.id}.b-{uuid.uuid4().hex[:8]}")
-            await self._checkpoints.fork(session, turn, branch)
-            session = branch
+        if turn < len(checkpoints) and branch:  # continuing from an earlier response
+            session = await fork_to_new_id(self._checkpoints, session, turn, f"{session.id}.b-")
         past = history(checkpoints[:turn])
         if record.get("instructions") and past and past[0].get("role") == "system":
             past = past[1:]  # instructions are not carried over
@@ -195,7 +204,18 @@ def _parse(raw: bytes, limits: LimitsSpec) -> dict[str, Any]:
             check_array_length(request[name], limit, name)
     check_depth(request, limits.max_json_depth, walk="input")
     check_max_tokens(request, ("max_output_tokens",), limits.max_tokens)
+    _check_text_schema(text)
     return request
+
+
+def _check_text_schema(text: dict[str, Any] | None) -> None:
+    """A `json_schema` text format's schema, vetted under the name the client gave it (the
+    chat request it becomes would name `response_format.json_schema.schema`)."""
+    text_format = text.get("format") if text is not None else None
+    if isinstance(text_format, dict) and text_format.get("type") == "json_schema":
+        schema = text_format.get("schema")
+        if isinstance(schema, dict):
+            client_schema(schema, "text.format.schema")
 
 
 def _object_or_none(value: Any) -> bool:

@@ -4,7 +4,8 @@
 output item, a content part and `response.output_text.delta` per chunk; for each tool call
 a function_call item and `response.function_call_arguments.delta`; when the engine's
 stream ends, the `.done` events, the stored record (`on_complete`, before the client hears
-of it), and `response.completed`. An engine failure mid-stream becomes an `error` event.
+of it), and `response.completed`. An engine failure mid-stream, a chunk of the wrong shape
+included (gateway/conformance.py), becomes an `error` event, and the stream ends there.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 import orjson
 
+from gateway.conformance import NotAnAnswer, check_shape
 from gateway.responses.convert import message_item, response_object, usage_of
 from gateway.sse import DONE, chat_chunks
 
@@ -65,16 +67,23 @@ class ResponseEvents:
                     return
                 assert isinstance(chunk, dict)
                 if "error" in chunk:
-                    error = chunk["error"] or {}
-                    yield self._event(
-                        "error",
-                        code=error.get("code"),
-                        message=error.get("message") or "The engine failed mid-response.",
-                        param=error.get("param"),
-                    )
+                    error = chunk["error"] if isinstance(chunk["error"], dict) else {}
+                    yield self._error(error.get("code"), error.get("message"), error.get("param"))
+                    return
+                try:
+                    check_shape(chunk, "delta")  # read whole: every chunk is checked here
+                except NotAnAnswer as exc:
+                    failure = exc.upstream_error()
+                    yield self._error(failure.code, failure.message, None)
                     return
                 for event in self._take(chunk):
                     yield event
+
+    def _error(self, code: Any, message: Any, param: Any) -> bytes:
+        text = message if isinstance(message, str) and message else None
+        return self._event(
+            "error", code=code, message=text or "The engine failed mid-response.", param=param
+        )
 
     def _take(self, chunk: dict[str, Any]) -> list[bytes]:
         events: list[bytes] = []

@@ -80,8 +80,10 @@ _POSITIONS = _constants(b"positions", 1 << 14)  # 8 MB of prompt at 512-byte blo
 _FOLD = np.uint64(32)
 
 
-def chain_hashes(data: bytes, block_bytes: int) -> tuple[int, ...]:
-    """Block i's id: a 64-bit hash of everything up to the end of block i.
+def chain_hashes(data: bytes, block_bytes: int, seed: int = 0) -> tuple[int, ...]:
+    """Block i's id: a 64-bit hash of everything up to the end of block i, in the keyspace
+    of `seed` (a tenant's cache scope, gateway/keys/cache_scope.py: equal prompts of two
+    isolated tenants get unrelated ids, as they get unrelated blocks in the engine).
 
     Each block's 64-bit words are folded (x ^ x>>32, so a change in a word's high bytes
     also reaches its low bits) and dotted with fixed odd multipliers; ids are the running
@@ -106,7 +108,10 @@ def chain_hashes(data: bytes, block_bytes: int) -> tuple[int, ...]:
     words = np.frombuffer(data, dtype="<u8", count=blocks * words_per_block)
     words = words.reshape(blocks, words_per_block)
     per_block = (words ^ (words >> _FOLD)) @ multipliers
-    ids: list[int] = np.cumsum(per_block * positions[:blocks]).tolist()
+    chained = np.cumsum(per_block * positions[:blocks])
+    if seed:
+        chained += np.uint64(seed)  # wraps modulo 2**64, like the sums before it
+    ids: list[int] = chained.tolist()
     return tuple(ids)
 
 
@@ -115,8 +120,9 @@ def request_blocks(
     block_bytes: int,
     tools_json: bytes | None = None,
     messages_json: bytes | None = None,
+    seed: int = 0,
 ) -> tuple[int, ...]:
-    return chain_hashes(prompt_bytes(body, tools_json, messages_json), block_bytes)
+    return chain_hashes(prompt_bytes(body, tools_json, messages_json), block_bytes, seed)
 
 
 def conversation_key(body: dict[str, Any], blocks: tuple[int, ...]) -> str | None:

@@ -18,8 +18,10 @@ from gateway.policy.sessions import SessionsSpec
 from gateway.redis_keys import session_key
 
 DEFAULT_TENANT = "default"
-# Printable, no whitespace and no braces (they would break the hash tag).
-_VALID = re.compile(r"^[A-Za-z0-9._:@/+=-]{1,200}$")
+MAX_ID_LENGTH = 200
+# Printable, no whitespace and no braces (they would break the hash tag). Matched whole
+# (`fullmatch`): `$` would also match before a final newline, letting `s1\n` through.
+_VALID = re.compile(rf"[A-Za-z0-9._:@/+=-]{{1,{MAX_ID_LENGTH}}}")
 
 
 @dataclass(frozen=True)
@@ -32,7 +34,7 @@ class SessionRef:
 
 
 def check_session_id(value: str, *, param: str) -> str:
-    if not _VALID.match(value):
+    if not _VALID.fullmatch(value):
         raise InvalidRequest(
             "A session id is 1-200 characters of letters, digits and . _ : @ / + = -.",
             param=param,

@@ -13,6 +13,7 @@ from typing import Any
 
 import orjson
 
+from gateway.conformance import check_shape
 from gateway.sessions.checkpoints import Message
 from gateway.sse import DONE, chat_chunks
 
@@ -69,12 +70,14 @@ class ReplyCollector:
 
     def feed(self, event: bytes) -> bool:
         """Take in one stream event; True when it was only the usage chunk that
-        `stream_options.include_usage` adds (no choices)."""
+        `stream_options.include_usage` adds (no choices). Raises NotAnAnswer when the
+        chunk has the wrong shape."""
         usage_only = False
         for chunk in chat_chunks(event):
             if chunk is DONE:
                 self.done = True
             elif isinstance(chunk, dict):
+                check_shape(chunk, "delta")
                 self._take(chunk)
                 usage_only = bool(chunk.get("usage")) and not chunk.get("choices")
         return usage_only

@@ -4,18 +4,26 @@ Per session two keys in one hash slot: `turns`, a list with one checkpoint per c
 turn (RPUSH's reply is the turn number, so concurrent gateways never hand out the same
 one), and `blobs`, a hash of tool sets by digest. A turn is appended in one MULTI/EXEC
 with the TTL refresh, so a reader sees a turn whole or not at all, on any gateway replica.
+
+A fork never writes over a session: the target is checked and written by one Lua script
+on the target's slot, so of two forks racing to one new id exactly one lands, whole, and
+the other is told the id is taken (a check-then-write from the gateway could not promise
+that across replicas).
 """
 
 from __future__ import annotations
 
+import uuid
 from typing import Protocol
 
 import redis.asyncio as aioredis
 
-from gateway.errors import GatewayError
+from gateway.errors import Conflict, GatewayError
 from gateway.redis_client import RedisClient
 from gateway.sessions.checkpoints import Checkpoint
-from gateway.sessions.keys import SessionRef
+from gateway.sessions.keys import MAX_ID_LENGTH, SessionRef
+
+_NEW_ID_TRIES = 5
 
 
 class StateUnavailable(GatewayError):
@@ -35,17 +43,38 @@ class CheckpointStore(Protocol):
         """Store a completed turn; return its number (1-based)."""
         ...
 
-    async def fork(self, source: SessionRef, turns: int, target: SessionRef) -> None:
-        """`target` becomes a copy of `source`'s first `turns` turns (replacing it)."""
+    async def fork(self, source: SessionRef, turns: int, target: SessionRef) -> bool:
+        """`target` becomes a copy of `source`'s first `turns` turns; False, and nothing
+        written, when `target` exists already."""
         ...
 
     async def delete(self, session: SessionRef) -> bool: ...
+
+
+# KEYS: the target's turns and blobs (one hash tag: one slot). ARGV: TTL (s), number of
+# turns, the turns, then the blobs as name, value pairs. 1 when written; 0 when the target
+# exists (nothing is written). Pushed in batches: Lua's unpack stops at 8,000 values.
+FORK = """
+if redis.call('EXISTS', KEYS[1], KEYS[2]) > 0 then return 0 end
+local ttl, turns = ARGV[1], tonumber(ARGV[2])
+local function write(command, key, first, last)
+  if first > last then return end
+  for i = first, last, 1000 do
+    redis.call(command, key, unpack(ARGV, i, math.min(i + 999, last)))
+  end
+  redis.call('EXPIRE', key, ttl)
+end
+write('RPUSH', KEYS[1], 3, 2 + turns)
+write('HSET', KEYS[2], 3 + turns, #ARGV)  -- 1,000 a batch: name, value pairs stay whole
+return 1
+"""
 
 
 class RedisCheckpoints:
     def __init__(self, redis: RedisClient, *, ttl_s: int) -> None:
         self._redis = redis
         self._ttl_s = ttl_s
+        self._fork = redis.register_script(FORK)
 
     async def load(self, session: SessionRef) -> list[Checkpoint]:
         try:
@@ -77,23 +106,20 @@ class RedisCheckpoints:
             raise _unavailable(exc) from None
         return int(results[len(blobs)])
 
-    async def fork(self, source: SessionRef, turns: int, target: SessionRef) -> None:
+    async def fork(self, source: SessionRef, turns: int, target: SessionRef) -> bool:
         try:
             items = await self._redis.lrange(source.key("turns"), 0, turns - 1)
             blobs = await self._redis.hgetall(source.key("blobs"))
             # Source and target may sit in different hash slots (cluster nodes): the source
-            # is read first, the target written in one transaction of its own slot.
-            async with self._redis.pipeline(transaction=True) as tx:
-                tx.delete(target.key("turns"), target.key("blobs"))
-                if items:
-                    tx.rpush(target.key("turns"), *items)
-                    tx.expire(target.key("turns"), self._ttl_s)
-                if blobs:
-                    tx.hset(target.key("blobs"), mapping={_bytes(k): v for k, v in blobs.items()})
-                    tx.expire(target.key("blobs"), self._ttl_s)
-                await tx.execute()
+            # is read first, the target checked and written by one script on its own slot.
+            pairs = [part for name, value in blobs.items() for part in (_bytes(name), value)]
+            written = await self._fork(
+                keys=[target.key("turns"), target.key("blobs")],
+                args=[self._ttl_s, len(items), *items, *pairs],
+            )
         except (aioredis.RedisError, OSError) as exc:
             raise _unavailable(exc) from None
+        return bool(written)
 
     async def delete(self, session: SessionRef) -> bool:
         try:
@@ -124,15 +150,32 @@ class MemoryCheckpoints:
         self.turns.setdefault(session, []).append(checkpoint)
         return len(self.turns[session])
 
-    async def fork(self, source: SessionRef, turns: int, target: SessionRef) -> None:
+    async def fork(self, source: SessionRef, turns: int, target: SessionRef) -> bool:
+        if target in self.turns or target in self.blob_store:
+            return False
         self.turns[target] = list(self.turns.get(source, []))[:turns]
         self.blob_store[target] = dict(self.blob_store.get(source, {}))
+        return True
 
     async def delete(self, session: SessionRef) -> bool:
         found = session in self.turns
         self.turns.pop(session, None)
         self.blob_store.pop(session, None)
         return found
+
+
+async def fork_to_new_id(
+    store: CheckpointStore, source: SessionRef, turns: int, prefix: str
+) -> SessionRef:
+    """A fork under an id the gateway makes up (`prefix` + 8 hex digits, the prefix cut to
+    keep it a session id the API takes); another one when that id is taken, which happens
+    about never (the fork refuses it: nothing is overwritten either way)."""
+    prefix = prefix[: MAX_ID_LENGTH - 8]
+    for _ in range(_NEW_ID_TRIES):
+        target = SessionRef(source.tenant, f"{prefix}{uuid.uuid4().hex[:8]}")
+        if await store.fork(source, turns, target):
+            return target
+    raise Conflict(f"No free session id for a fork of `{source.id}`.", code="session_exists")
 
 
 def _unavailable(exc: Exception) -> StateUnavailable:

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from gateway.conformance import check_shape
 from gateway.inbound import InboundRequest
 from gateway.sessions.keys import DEFAULT_TENANT
 from gateway.sse import chat_chunks
@@ -119,6 +120,10 @@ class ResultFacts:
     cached_tokens: int | None = None
     finish_reasons: list[str] = field(default_factory=list)
     reply: Any = None  # the answer's message (on spans only when content is captured)
+    # Chunks of a stream seen (the usage chunk aside): vLLM sends one per token of one
+    # choice, so this is the completion's size when the usage chunk never came (a stream
+    # cut short): what its rate limits are settled on (gateway/quota/service.py).
+    chunks: int = 0
 
     def take(self, data: Any) -> None:
         """Take in a completion, or one chunk of a stream."""
@@ -145,13 +150,17 @@ class ResultFacts:
     def observe_event(self, event: bytes) -> bool:
         """Take in one SSE event of a chat or text completion stream, parsing only the
         few that carry facts (the first, the usage chunk, finish reasons); True when the
-        event was only the usage chunk that `stream_options.include_usage` adds."""
+        event was only the usage chunk that `stream_options.include_usage` adds. Raises
+        NotAnAnswer when a chunk it parses has the wrong shape."""
         usage = _USAGE.search(event) is not None
+        if not usage and event.startswith(b"data: {"):
+            self.chunks += 1
         if not (usage or self.response_model is None or _FINISHED.search(event)):
             return False
         usage_only = False
         for chunk in chat_chunks(event):
             if isinstance(chunk, dict):
+                check_shape(chunk, "delta")  # NotAnAnswer: the engine's failure, a 502
                 self.take(chunk)
                 usage_only = usage and not chunk.get("choices")
         return usage_only

@@ -4,21 +4,25 @@ The checks of a request are its JSON-schema `response_format` plus the route's g
 Where the engine can, the gateway asks it to produce a conforming answer (vLLM structured
 outputs) instead of hoping; the answer is checked either way, because a constrained answer
 can still be cut short by `max_tokens`.
+
+Schemas and regexes are checked with the bounded validator and RE2 of gateway/untrusted/:
+the client's schema was prepared (and refused with a 400) when the request was parsed.
 """
 
 from __future__ import annotations
 
 import ast
-import re
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError
 
+from gateway.errors import InvalidRequest
+from gateway.inbound import RESPONSE_SCHEMA_PARAM, response_format_schema
 from gateway.policy.tiering import GuardrailSpec
 from gateway.sessions.checkpoints import Message
+from gateway.untrusted.regex import LinearRegex
+from gateway.untrusted.schemas import ClientSchema, TooCostly
 
 
 class _NotJson:
@@ -31,10 +35,10 @@ _UNPARSED = object()
 
 @dataclass(frozen=True)
 class OutputChecks:
-    response_schema: dict[str, Any] | None = None  # from the request's response_format
-    guardrail_schema: dict[str, Any] | None = None
+    response_schema: ClientSchema | None = None  # from the request's response_format
+    guardrail_schema: ClientSchema | None = None
     enum: tuple[str, ...] | None = None
-    regex: str | None = None
+    regex: LinearRegex | None = None
     parses_as: str | None = None
 
     @property
@@ -67,12 +71,12 @@ class OutputChecks:
                 parsed = _json_or_error(text)
             if isinstance(parsed, _NotJson):
                 found.append((check, parsed.reason))
-            elif (error := _schema_error(schema, parsed)) is not None:
+            elif (error := _schema_error(check, schema, parsed)) is not None:
                 found.append((check, error))
         if self.enum is not None and text.strip() not in self.enum:
             found.append(("enum", f"{_short(text)} is not one of {list(self.enum)}"))
-        if self.regex is not None and re.fullmatch(self.regex, text.strip()) is None:
-            found.append(("regex", f"{_short(text)} does not match {self.regex!r}"))
+        if self.regex is not None and not self.regex.fullmatch(text.strip()):
+            found.append(("regex", f"{_short(text)} does not match {self.regex.pattern!r}"))
         if self.parses_as == "json" and isinstance(reason := _json_or_error(text), _NotJson):
             found.append(("parses_as", reason.reason))
         if self.parses_as == "python":
@@ -93,45 +97,38 @@ class OutputChecks:
         if self.response_schema is not None or "structured_outputs" in body:
             return body  # the engine already constrains to the client's schema
         if self.guardrail_schema is not None:
-            schema = {"name": "guardrail", "schema": self.guardrail_schema}
+            schema = {"name": "guardrail", "schema": self.guardrail_schema.document}
             return {**body, "response_format": {"type": "json_schema", "json_schema": schema}}
         if self.enum is not None:
             return {**body, "structured_outputs": {"choice": list(self.enum)}}
         if self.regex is not None:
-            return {**body, "structured_outputs": {"regex": self.regex}}
+            return {**body, "structured_outputs": {"regex": self.regex.pattern}}
         if self.parses_as == "json" and "response_format" not in body:
             return {**body, "response_format": {"type": "json_object"}}
         return body
 
 
-def checks_for(guardrails: GuardrailSpec | None, body: dict[str, Any]) -> OutputChecks | None:
-    """The checks a request's answer must pass, or None when there are none."""
-    response_schema = _response_schema(body.get("response_format"))
+def checks_for(
+    guardrails: GuardrailSpec | None,
+    body: dict[str, Any],
+    response_schema: ClientSchema | None = None,
+) -> OutputChecks | None:
+    """The checks a request's answer must pass, or None when there are none.
+    `response_schema`: the body's, prepared when the request was parsed; prepared here
+    (a 400 when refused) when not given."""
+    if response_schema is None:
+        response_schema = response_format_schema(body.get("response_format"))
     if guardrails is None and response_schema is None:
         return None
     spec = guardrails or GuardrailSpec()
     checks = OutputChecks(
         response_schema=response_schema,
-        guardrail_schema=spec.json_schema,
+        guardrail_schema=spec.checked_schema,
         enum=spec.enum,
-        regex=spec.regex,
+        regex=spec.compiled_regex,
         parses_as=spec.parses_as,
     )
     return checks if checks.names else None
-
-
-def _response_schema(response_format: Any) -> dict[str, Any] | None:
-    if not isinstance(response_format, dict) or response_format.get("type") != "json_schema":
-        return None
-    spec = response_format.get("json_schema")
-    schema = spec.get("schema") if isinstance(spec, dict) else None
-    if not isinstance(schema, dict):
-        return None
-    try:
-        Draft202012Validator.check_schema(schema)
-    except SchemaError:
-        return None  # the engine will refuse it with its own 400
-    return schema
 
 
 def _json_or_error(text: str) -> Any:
@@ -142,12 +139,18 @@ def _json_or_error(text: str) -> Any:
         return _NotJson(f"not JSON: {exc}")
 
 
-def _schema_error(schema: dict[str, Any], value: Any) -> str | None:
-    error = next(iter(Draft202012Validator(schema).iter_errors(value)), None)
-    if error is None:
-        return None
-    where = "/".join(str(p) for p in error.absolute_path)
-    return f"{where + ': ' if where else ''}{error.message}"
+def _schema_error(check: str, schema: ClientSchema, value: Any) -> str | None:
+    try:
+        return schema.first_error(value)
+    except TooCostly as exc:
+        if check == "response_format":  # the client's schema: theirs to simplify
+            raise InvalidRequest(
+                f"The answer could not be checked against `{RESPONSE_SCHEMA_PARAM}`: {exc}. "
+                "Simplify the schema or ask for a shorter answer.",
+                param=RESPONSE_SCHEMA_PARAM,
+                code="schema_too_costly",
+            ) from None
+        return f"too costly to check: {exc}"  # the policy's: the answer is not vouched for
 
 
 def _unfenced(text: str) -> str:

@@ -26,6 +26,7 @@ from gateway.routing.costs import RouteRequest
 from gateway.tiering.checks import OutputChecks, checks_for
 from gateway.tiering.memory import SessionTiers
 from gateway.tiering.rules import Rules, facts_of
+from gateway.untrusted.schemas import ClientSchema
 
 
 class Scorer(Protocol):
@@ -123,15 +124,20 @@ class TierChooser:
         *,
         task: str | None = None,
         clamps: TierClamps | None = None,
+        response_schema: ClientSchema | None = None,
     ) -> TierChoice:
         """`clamps`: the tiers the caller's tenant may not use, per routable alias, and
-        where such a choice goes instead (gateway/policy/tenant_overrides.py)."""
+        where such a choice goes instead (gateway/policy/tenant_overrides.py).
+        `response_schema`: the body's `json_schema` response format, prepared when the
+        request was parsed (gateway/inbound.py); prepared again when not given."""
         route = self._routes.get(alias)
         if route is None:
             pool = self._fleet.pool_for(alias, endpoint)
             return TierChoice(pool, pool.spec.tier, "explicit model", "explicit")
         spec = route.spec
-        checks = checks_for(spec.guardrails, body) if endpoint is Endpoint.chat else None
+        checks = None
+        if endpoint is Endpoint.chat:
+            checks = checks_for(spec.guardrails, body, response_schema)
         tier, reason, by = await self._tier(route, body, route_request, task, checks)
         highest = spec.highest
         clamp = clamps.get(alias) if clamps else None

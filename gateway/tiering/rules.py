@@ -7,13 +7,13 @@ which is what a size threshold needs) and are the same for the gateway and `rout
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from gateway.policy import Policy
 from gateway.policy.tiering import RuleWhen, TierRule
+from gateway.untrusted.regex import LinearRegex
 
 _BYTES_PER_TOKEN = 4
 _SCALARS = frozenset({"string", "number", "integer", "boolean", "null"})
@@ -123,8 +123,8 @@ def _matchers(when: RuleWhen) -> list[Matcher]:
     if (size := when.prompt_tokens_at_most) is not None:
         out.append(lambda f: f.prompt_tokens <= size)
     if when.last_user_matches is not None:
-        pattern = re.compile(when.last_user_matches)
-        out.append(lambda f: pattern.search(f.last_user) is not None)
+        pattern = LinearRegex(when.last_user_matches)  # RE2: linear in the client's text
+        out.append(lambda f: pattern.search(f.last_user))
     return out
 
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import jsonschema
 import orjson
 
 from gateway.policy.sessions import StateToolSpec
 from gateway.sessions.checkpoints import Message
+from gateway.untrusted.schemas import TooCostly
 
 
 @dataclass(frozen=True)
@@ -69,10 +69,13 @@ def snapshot_of(
         return None, False  # an error message, not a state
     if not isinstance(state, dict):
         return None, False
-    if spec.schema_ is not None and not jsonschema.Draft202012Validator(spec.schema_).is_valid(
-        state
-    ):
-        return None, True
+    if (schema := spec.checked_schema) is not None:
+        try:
+            failed = schema.first_error(state) is not None
+        except TooCostly:  # a result the bounded check cannot vouch for is not a snapshot
+            failed = True
+        if failed:
+            return None, True
     if spec.id_field is not None:
         key = state.get(spec.id_field)
     else:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import os
 import random
@@ -56,6 +57,9 @@ class Target:
     shuffle_tools: bool = False
     weights: str = ""  # YAML flow mapping of routing weights, e.g. "{queue: 0}"
     replicas: int = 2
+    # Two tenants taking turns by conversation, with this `prefix_cache` ("" = one tenant):
+    # what keeping tenants' caches apart costs when they share a system prompt.
+    tenants: str = ""
 
 
 TARGETS = [
@@ -67,6 +71,13 @@ TARGETS = [
     # (Two replicas must also each compute the shared system+tools prefix once.)
     Target("one replica (lower bound)", "gateway", replicas=1),
 ]
+# Tenant cache isolation's cost: the same conversations, every other one sent by a second
+# tenant (same system prompt and tools). Only on request.
+TENANTS = [
+    Target("two tenants, shared cache", "gateway", tenants="shared"),
+    Target("two tenants, isolated caches", "gateway", tenants="isolated"),
+]
+TENANT_KEYS = ("sk-agw-bench-tenant-a-51c0", "sk-agw-bench-tenant-b-9e7d")
 # Every request misses after the system prompt: slow on CPU, so only on request.
 UNCANONICALISED = Target(
     "gateway, tools shuffled, no canonicalisation",
@@ -166,6 +177,13 @@ def gateway_policy(target: Target, workers: list[str], state_dir: Path, request_
     replicas = ", ".join(f'{{url: "{w}"}}' for w in workers)
     weights = f", weights: {target.weights}" if target.weights else ""
     canonical = str(target.canonicalize).lower()
+    tenants = ""
+    if target.tenants:
+        tenants = "tenants:\n" + "".join(
+            f"  bench-{i}: {{prefix_cache: {target.tenants}, "
+            f"keys: [{{sha256: {hashlib.sha256(key.encode()).hexdigest()}}}]}}\n"
+            for i, key in enumerate(TENANT_KEYS)
+        )
     return f"""version: 1
 state: {{embedded_dir: "{state_dir}"}}
 routing: {{strategy: {target.strategy}{weights}}}
@@ -173,28 +191,31 @@ telemetry: {{request_log: "{request_log}"}}
 canonicalize: {{sort_tools: {canonical}, sort_schema_keys: {canonical}}}
 pools: {{tiny: {{served_model: tiny, replicas: [{replicas}]}}}}
 models: {{tiny: {{pool: tiny}}}}
-"""
+{tenants}"""
 
 
 async def run_workload(
-    base: str, convs: list[list[dict[str, Any]]], shuffle: bool
+    base: str, convs: list[list[dict[str, Any]]], shuffle: bool, keys: tuple[str, ...] = ()
 ) -> dict[str, Any]:
+    """Every conversation turn by turn, 4 at a time; with `keys`, conversation i is sent
+    with key i mod len(keys) (a tenant each)."""
     totals: dict[str, Any] = {"requests": 0, "prompt_tokens": 0, "cached_tokens": 0, "errors": 0}
     rng = random.Random(1234)
-    queue: asyncio.Queue[list[dict[str, Any]]] = asyncio.Queue()
-    for conv in convs:
-        queue.put_nowait(conv)
+    queue: asyncio.Queue[tuple[int, list[dict[str, Any]]]] = asyncio.Queue()
+    for index, conv in enumerate(convs):
+        queue.put_nowait((index, conv))
 
     async def agent(client: httpx.AsyncClient, session: int) -> None:
         while not queue.empty():
-            conv = queue.get_nowait()
+            index, conv = queue.get_nowait()
+            headers = {"Authorization": f"Bearer {keys[index % len(keys)]}"} if keys else {}
             for turn in conv:
                 tools = list(turn["tools"])
                 if shuffle:
                     rng.shuffle(tools)
                 body = {"model": "tiny", "messages": turn["messages"], "tools": tools,
                         "tool_choice": "none", "max_tokens": 1, "temperature": 0}  # fmt: skip
-                response = await client.post(f"{base}/chat/completions", json=body)
+                response = await client.post(f"{base}/chat/completions", json=body, headers=headers)
                 if response.status_code != 200:
                     totals["errors"] += 1
                     continue
@@ -269,6 +290,13 @@ def summarise(results: dict[str, Any]) -> dict[str, float]:
         theirs = uncached(other)
         if ours is not None and theirs:
             summary[key] = round(ours / theirs, 3)
+    shared, isolated = (results.get(t.name) for t in TENANTS)
+    if shared and isolated:
+        summary["isolated_over_shared_uncached"] = round(
+            isolated["uncached_tokens"] / max(1, shared["uncached_tokens"]), 3
+        )
+        drop = shared["cached_share"] - isolated["cached_share"]
+        summary["isolation_cached_share_drop_points"] = round(100 * drop, 2)
     shuffled = results.get("gateway, tools shuffled")
     if ours is not None and shuffled:
         drop = results["gateway cache-aware"]["cached_share"] - shuffled["cached_share"]
@@ -285,6 +313,11 @@ def main() -> int:
         "--with-uncanonicalised", action="store_true", help="also shuffle without canonicalisation"
     )
     parser.add_argument(
+        "--with-tenants",
+        action="store_true",
+        help="also two tenants sharing a system prompt, their caches shared or isolated",
+    )
+    parser.add_argument(
         "--only",
         action="append",
         default=[],
@@ -292,6 +325,8 @@ def main() -> int:
     )
     args = parser.parse_args()
     targets = [*TARGETS, UNCANONICALISED] if args.with_uncanonicalised else TARGETS
+    if args.with_tenants:
+        targets = [*targets, *TENANTS]
     if args.only:
         unknown = set(args.only) - {t.name for t in targets}
         if unknown:
@@ -312,7 +347,8 @@ def main() -> int:
                 proc, base = start_target(target, engines.urls[: target.replicas], work)
                 try:
                     began = time.monotonic()
-                    figures = asyncio.run(run_workload(base, convs, target.shuffle_tools))
+                    keys = TENANT_KEYS if target.tenants else ()
+                    figures = asyncio.run(run_workload(base, convs, target.shuffle_tools, keys))
                     figures["seconds"] = round(time.monotonic() - began, 1)
                 finally:
                     proc.terminate()

@@ -57,9 +57,17 @@ class Tenant:
 
 
 def two_tenant_yaml(
-    redis_url: str, a: Tenant, b: Tenant, *, auth: str = "{key_cache_ttl_s: 0}", extra: str = ""
+    redis_url: str,
+    a: Tenant,
+    b: Tenant,
+    *,
+    auth: str = "{key_cache_ttl_s: 0}",
+    extra: str = "",
+    a_settings: str = "",
+    b_settings: str = "",
 ) -> str:
-    """`a` may use both models, `b` only `tiny`; run-time keys are not cached."""
+    """`a` may use both models, `b` only `tiny`; run-time keys are not cached. `a_settings`
+    and `b_settings` are more of each tenant's settings, as a YAML flow mapping's items."""
     return f"""\
 version: 1
 state: {{redis_url: "{redis_url}"}}
@@ -71,11 +79,10 @@ models:
   tiny: {{pool: chat}}
   large: {{pool: big}}
 tenants:
-  {a.name}:
-    keys: [{{sha256: {sha256(a.key)}, name: alice, roles: [user, approver]}}]
-  {b.name}:
-    keys: [{{sha256: {sha256(b.key)}, name: bob}}]
-    models: [tiny]
+  {a.name}: {{{a_settings}
+    keys: [{{sha256: {sha256(a.key)}, name: alice, roles: [user, approver]}}]}}
+  {b.name}: {{{b_settings}
+    keys: [{{sha256: {sha256(b.key)}, name: bob}}], models: [tiny]}}
 {extra}"""
 
 

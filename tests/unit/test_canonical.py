@@ -14,6 +14,7 @@ from gateway.canonical import Canonicalizer, fingerprint
 from gateway.policy.canonicalize import CanonicalizeSpec, VolatilePattern, VolatileSpec
 from gateway.routing.blocks import request_blocks
 from tests.conftest import SHARED_DATA
+from tests.unit.deadline import deadline
 
 TOOLS: list[dict[str, Any]] = json.loads(
     (SHARED_DATA / "agent-trajectories" / "tau_bench_airline_tools.json").read_text()
@@ -158,3 +159,16 @@ def test_fingerprint_tells_which_part_changed() -> None:
     assert fingerprint(body(TOOLS[1:])).changes_from(base) == ["tools"]
     assert fingerprint(body(TOOLS, system="New rules")).changes_from(base) == ["system"]
     assert fingerprint(body(TOOLS[1:], system="New")).changes_from(base) == ["system", "tools"]
+
+
+def test_a_backtracking_volatile_pattern_cuts_a_prompt_in_linear_time() -> None:
+    """The patterns run on every client's system prompt: with RE2, `(a+)+b` over 10,000
+    `a`s takes linear time (Python's `re` would never finish)."""
+    spec = CanonicalizeSpec(
+        volatile=VolatileSpec(patterns=(VolatilePattern(name="evil", regex="(a+)+b"),))
+    )
+    prompt = "a" * 10_000 + "c, then aab."
+    with deadline():
+        out = Canonicalizer(spec).apply(body([], system=prompt)).body
+    assert out is not None
+    assert out["messages"][0]["content"] == "a" * 10_000 + "c, then [evil]."

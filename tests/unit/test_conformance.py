@@ -1,11 +1,14 @@
-"""Engine answers are made to conform to OpenAI's schema without touching anything else."""
+"""Engine answers are made to conform to OpenAI's schema without touching anything else, and
+an answer whose fields have the wrong shape is the engine's failure (a 502 naming the field)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import orjson
 import pytest
 
-from gateway.conformance import NotAnAnswer, conform_event, conform_response
+from gateway.conformance import NotAnAnswer, check_shape, conform_event, conform_response
 
 
 def test_forbidden_nulls_are_dropped_and_meaningful_nulls_kept() -> None:
@@ -75,3 +78,43 @@ def test_non_json_answers_pass_untouched() -> None:
         conform_response(b"not json")
     with pytest.raises(NotAnAnswer):
         conform_response(b"[1, 2]")
+
+
+@pytest.mark.parametrize(
+    ("data", "part"),
+    [
+        ({"object": "list", "data": [{"embedding": [0.1]}], "usage": {"prompt_tokens": 3,
+          "total_tokens": 3}}, "message"),
+        ({"choices": [{"index": 0, "text": "hi", "finish_reason": "stop"}]}, "message"),
+        ({"choices": [{"index": 0, "message": {"role": "assistant", "content": None,
+          "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f",
+          "arguments": "{}"}}]}}], "usage": {"prompt_tokens": 9, "completion_tokens": 2,
+          "total_tokens": 11, "prompt_tokens_details": {"cached_tokens": 0},
+          "completion_tokens_details": None}}, "message"),
+        ({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function":
+          {"arguments": "{"}}]}, "finish_reason": None}]}, "delta"),
+        ({"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 2}}, "delta"),
+        ({"error": {"message": "boom"}}, "delta"),
+    ],
+)  # fmt: skip
+def test_every_kind_of_answer_vllm_sends_has_the_right_shape(
+    data: dict[str, Any], part: str
+) -> None:
+    check_shape(data, part)  # raises nothing
+
+
+@pytest.mark.parametrize(
+    ("data", "named"),
+    [
+        ({"choices": 5}, "`choices`"),
+        ({"choices": [{"message": {"tool_calls": [{"function": {"arguments": {}}}]}}]},
+         "`choices[0].message.tool_calls[0].function.arguments`"),
+        ({"usage": {"completion_tokens": True}}, "`usage.completion_tokens`"),
+    ],
+)  # fmt: skip
+def test_a_wrong_shape_is_named_in_the_502(data: dict[str, Any], named: str) -> None:
+    with pytest.raises(NotAnAnswer) as caught:
+        check_shape(data, "message")
+    error = caught.value.upstream_error()
+    assert (error.status, error.error_type) == (502, "upstream_error")
+    assert named in error.message and "engine" in error.message

@@ -16,6 +16,7 @@ from starlette.testclient import TestClient
 from gateway.errors import InvalidRequest
 from gateway.inbound import parse_request
 from gateway.json_depth import deeper_by_walk, depth_probe
+from gateway.keys.settings import TenantPolicies
 from gateway.policy import Endpoint, Policy, PolicyError, parse_policy
 from gateway.policy.schema import LimitsSpec
 from tests.fakes import Call, FakeUpstream, Scripted
@@ -98,6 +99,46 @@ def test_output_tokens_over_the_ceiling_are_refused_naming_the_field(
     assert "1001" in error.message and "1000" in error.message
     # Not a number: the engine's to refuse, as before.
     assert parse_request(endpoint, orjson.dumps({**body, field: "lots"}), LIMITS)
+
+
+@pytest.mark.parametrize("endpoint", [Endpoint.chat, Endpoint.completions])
+def test_n_over_the_limit_is_refused_naming_it(endpoint: Endpoint) -> None:
+    """`n` multiplies the engine's work and the request's token estimate: bounded like
+    `max_tokens`, in OpenAI's own words."""
+    body = {**CHAT, "prompt": "hi"} if endpoint is Endpoint.completions else dict(CHAT)
+    limits = LimitsSpec(max_n=4)
+    assert parse_request(endpoint, orjson.dumps({**body, "n": 4}), limits)
+    error = refused(endpoint, {**body, "n": 5}, limits)
+    assert (error.param, error.code) == ("n", "integer_above_max_value")
+    assert error.message == (
+        "Invalid 'n': integer above maximum value. Expected a value <= 4, but got 5 instead."
+    )
+    for huge in (10**15, 1e15):
+        assert refused(endpoint, {**body, "n": huge}, limits).param == "n"
+    assert parse_request(endpoint, orjson.dumps({**body, "n": "lots"}), limits)  # the engine's
+
+
+def test_best_of_is_bounded_like_n() -> None:
+    """The legacy completions' `best_of` makes that many candidates to pick `n` from: the
+    same multiplier of work, the same bound."""
+    body = {**CHAT, "prompt": "hi"}
+    limits = LimitsSpec(max_n=4)
+    assert parse_request(Endpoint.completions, orjson.dumps({**body, "best_of": 4}), limits)
+    error = refused(Endpoint.completions, {**body, "best_of": 10**15}, limits)
+    assert (error.param, error.code) == ("best_of", "integer_above_max_value")
+
+
+def test_n_is_at_most_16_unless_the_policy_or_a_tenant_says_otherwise() -> None:
+    assert LimitsSpec().max_n == 16
+    refused(Endpoint.chat, {**CHAT, "n": 17}, LimitsSpec())
+    policy = parse_policy(
+        POLICY.replace("max_tokens: 1000}", "max_tokens: 1000, max_n: 2}")
+        + "tenants:\n  batch: {limits: {max_n: 128}}\n"
+    )
+    assert policy.limits.max_n == 2
+    assert TenantPolicies(policy).of("batch").limits.max_n == 128
+    with pytest.raises(PolicyError, match=r"limits\.max_n"):
+        parse_policy(POLICY.replace("max_tokens: 1000}", "max_tokens: 1000, max_n: 0}"))
 
 
 def test_nesting_up_to_the_limit_passes_and_deeper_is_refused_naming_the_field() -> None:

@@ -217,6 +217,44 @@ def test_fork_then_continue_and_delete(gateway: Gateway) -> None:
     assert bad_turn.json()["error"]["param"] == "turn"
 
 
+def test_a_fork_onto_an_existing_session_is_409_and_leaves_it_whole(gateway: Gateway) -> None:
+    client, _ = gateway()
+    source, victim = session_headers(), session_headers()
+    chat(client, [user("a")], source)
+    for text in ("x", "y", "z"):
+        chat(client, [user(text)], {**victim, "X-Context-Mode": "delta"})
+    victim_id = victim["X-Session-Id"]
+    refused = client.post(
+        f"/v1/sessions/{source['X-Session-Id']}/fork", json={"turn": 1, "session_id": victim_id}
+    )
+    assert refused.status_code == 409, refused.text
+    error = refused.json()["error"]
+    assert (error["type"], error["code"], error["param"]) == (
+        "invalid_request_error",
+        "session_exists",
+        "session_id",
+    )
+    assert victim_id in error["message"]
+    kept = client.get(f"/v1/sessions/{victim_id}/checkpoints").json()["data"]
+    assert [c["turn"] for c in kept] == [1, 2, 3]
+    onto_itself = client.post(
+        f"/v1/sessions/{victim_id}/fork", json={"turn": 1, "session_id": victim_id}
+    )
+    assert onto_itself.status_code == 400
+    assert len(client.get(f"/v1/sessions/{victim_id}/checkpoints").json()["data"]) == 3
+
+
+def test_a_fork_the_gateway_names_is_a_session_id_the_api_takes(gateway: Gateway) -> None:
+    client, _ = gateway()
+    longest = "s" * 200  # a session id is at most 200 characters; its fork's too
+    chat(client, [user("a")], {"X-Session-Id": longest})
+    forked = client.post(f"/v1/sessions/{longest}/fork", json={})
+    assert forked.status_code == 201, forked.text
+    fork_id = forked.json()["id"]
+    assert len(fork_id) <= 200 and fork_id != longest
+    assert client.get(f"/v1/sessions/{fork_id}/checkpoints").status_code == 200
+
+
 def test_two_gateways_share_one_session(gateway: Gateway) -> None:
     first, _ = gateway()
     second, fake = gateway()

@@ -198,8 +198,12 @@ def test_a_bad_key_and_no_key_get_the_very_same_401(redis_url: str) -> None:
 def capturing(redis_url: str) -> Iterator[tuple[TestClient, InMemorySpanExporter, list[str]]]:
     a, b = new_tenants()
     text = two_tenant_yaml(
-        redis_url, a, b, extra="telemetry: {traces: {sample_ratio: 1.0, capture_content: true}}\n"
-    ).replace("roles: [user, approver]}]", "roles: [user, approver]}]\n    capture_content: true")
+        redis_url,
+        a,
+        b,
+        extra="telemetry: {traces: {sample_ratio: 1.0, capture_content: true}}\n",
+        a_settings="capture_content: true,",
+    )
     spans = InMemorySpanExporter()
     client, _ = open_gateway(parse_policy(text), span_processor=SimpleSpanProcessor(spans))
     try:

@@ -62,6 +62,21 @@ def test_a_malformed_decision_is_400(held_gateway: OpenHeld, body: dict[str, obj
     assert answer.json()["error"]["param"] in ("decision", "reason")
 
 
+@pytest.mark.parametrize("reason", ["ok\r\nFAKE audit line", "a\tb", "a\u2028b", "\x1b[31m"])
+def test_a_decision_reason_with_a_control_character_is_400_and_decides_nothing(
+    held_gateway: OpenHeld, reason: str
+) -> None:
+    gw = held_gateway()
+    approval = gw.chat([user("Cancel reservation ZFA04Y.")]).headers["x-gateway-approval-pending"]
+    refused = gw.decide(approval, "approve", reason=reason)
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["error"]["param"] == "reason"
+    assert gw.get(f"/v1/approvals/{approval}").json()["status"] == "pending"
+    decided = gw.decide(approval, "approve", reason="Checked with the customer — ok.")
+    assert decided.status_code == 200
+    assert decided.json()["reason"] == "Checked with the customer — ok."
+
+
 def test_listing_checks_its_parameters(held_gateway: OpenHeld) -> None:
     gw = held_gateway()
     assert gw.get("/v1/approvals", status="lost").status_code == 400

@@ -22,6 +22,7 @@ from gateway.keys.runtime import RedisKeys
 from gateway.policy import parse_policy
 from gateway.policy.quota import RateLimitSpec
 from tests.fakes import Call, FakeUpstream, Scripted
+from tests.unit.asgi_calls import call
 from tests.unit.clients import OpenGateways
 from tests.unit.tenant_gateway import forget_tenants
 
@@ -233,4 +234,69 @@ tenants: {{{tenant}: {{key_rate_limits: {{requests_per_minute: 60}}}}}}
         with pytest.raises(SystemExit):  # argparse: "--rpm: must be a whole number of at least 1"
             main(["keys", "create", "--tenant", tenant, "--rpm", "0", "--policy", str(policy)])
     finally:
+        forget_tenants(redis_url, tenant)
+
+
+def many_choices(call: Call) -> Scripted:
+    """A slow stream of one short chunk per choice and token (as vLLM streams `n` > 1),
+    longer than any test waits for; its usage would come at the very end."""
+    head = b'{"id":"c","object":"chat.completion.chunk","model":"served-big","choices":'
+    chunks = [
+        b"data: " + head + b'[{"index":%d,"delta":{"content":"tok"}}]}\n\n' % (i % 100)
+        for i in range(3000)
+    ]
+    chunks += [b'data: {"choices":[],' + USAGE + b"}\n\n", b"data: [DONE]\n\n"]
+    return Scripted(chunks=chunks, content_type="text/event-stream", chunk_delay_s=0.002)
+
+
+def test_a_key_cutting_a_huge_stream_short_does_not_lock_its_tenant_out(redis_url: str) -> None:
+    """Finding 5 of issue 22: one key's streamed `n: 100`, `max_tokens: 1000` request, cut
+    by its client after 2,000 bytes, left the tenant 49 minutes of debt. The estimate now
+    takes at most one bucket of debt, and the cut stream is settled on what was relayed."""
+    tenant = f"t-{uuid.uuid4().hex[:10]}"
+    cutter, other = (f"sk-agw-test-{uuid.uuid4().hex}" for _ in range(2))
+    policy = parse_policy(f"""\
+version: 1
+state: {{redis_url: "{redis_url}"}}
+auth: {{key_cache_ttl_s: 0}}
+pools: {{big: {{served_model: served-big, replicas: [{{url: "http://b.test:1"}}]}}}}
+models: {{large: {{pool: big}}}}
+tenants:
+  {tenant}:
+    keys: [{{sha256: {hashlib.sha256(cutter.encode()).hexdigest()}}},
+           {{sha256: {hashlib.sha256(other.encode()).hexdigest()}}}]
+    limits: {{max_n: 128}}
+    rate_limits: {{tokens_per_minute: 2000}}
+""")  # fmt: skip
+    gateways = OpenGateways()
+    try:
+        client, fake = gateways.open(policy, many_choices)
+        body = {"model": "large", "messages": [{"role": "user", "content": "hi"}],
+                "n": 100, "max_tokens": 1000, "stream": True}  # fmt: skip
+        cut = call(
+            client,
+            "POST",
+            "/v1/chat/completions",
+            headers=(
+                (b"authorization", f"Bearer {cutter}".encode()),
+                (b"content-type", b"application/json"),
+            ),
+            body=orjson.dumps(body),
+            leave_after_bytes=2000,
+        )
+        assert cut.status == 200 and 2000 <= len(cut.body) < 20_000
+        assert fake.responses[0].aborted  # the engine was told to stop
+        relayed = cut.body.count(b"data: ")
+        answer = client.post(
+            "/v1/chat/completions",
+            json={"model": "large", "messages": [{"role": "user", "content": "hi"}]},
+            headers={"Authorization": f"Bearer {other}"},
+        )
+        assert answer.status_code == 200, (answer.status_code, answer.headers.get("retry-after"))
+        # the cut request counts its prompt and the chunks it relayed, not 100,000 tokens:
+        # the bucket is nearly full (the exact count, on a stopped clock: test_service.py)
+        remaining = int(answer.headers["x-ratelimit-remaining-tokens"])
+        assert remaining >= 2000 - 2 * 60 - relayed - 20
+    finally:
+        gateways.close_all()
         forget_tenants(redis_url, tenant)

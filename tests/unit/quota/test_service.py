@@ -252,12 +252,38 @@ async def test_a_failed_request_is_refunded_and_an_uncounted_answer_keeps_its_es
         int(cut_short.headers["x-ratelimit-remaining-tokens"])
         >= 10000 - cut_short.estimated_tokens - 1
     )
-    left = finished(200)  # a stream the client left: an engine answered, no usage came
+    left = finished(200)  # an answer read whole that carried no usage
     left.attempt("b.test:1", "big")
     await cut_short.settle(left)
     after = await admit(q, chat(), "acme")
     assert after is not None
     assert int(after.headers["x-ratelimit-remaining-tokens"]) < 10000 - 3000
+
+
+async def test_a_stream_cut_short_is_settled_on_its_prompt_and_the_chunks_it_relayed() -> None:
+    q, _, _ = quota(MemoryQuotaStore(clock_ms=lambda: 0.0))  # no refill between the calls
+    grant = await admit(q, chat(max_tokens=3000), "acme")
+    assert grant is not None and grant.estimated_tokens > 3000
+    left = finished(200)  # the client left mid-stream: the engine's usage never came
+    left.stream = True
+    left.attempt("b.test:1", "big")
+    left.result.chunks = 40
+    await grant.settle(left)
+    after = await admit(q, chat(), "acme")
+    assert after is not None
+    used = 10000 - after.estimated_tokens - int(after.headers["x-ratelimit-remaining-tokens"])
+    assert used == grant.estimated_prompt + 40
+
+
+async def test_a_charge_cut_by_the_debt_floor_is_settled_from_what_it_took() -> None:
+    q, _, _ = quota(MemoryQuotaStore(clock_ms=lambda: 0.0))
+    grant = await admit(q, chat(max_tokens=50_000), "acme")  # 5 buckets of 10,000
+    assert grant is not None and grant.tokens[0].forgiven == grant.estimated_tokens - 20_000
+    await grant.settle(finished(200, prompt=100, completion=400))
+    after = await admit(q, chat(), "acme")
+    assert after is not None  # it used 500: a refund of all it asked for would show 10,000
+    remaining = int(after.headers["x-ratelimit-remaining-tokens"])
+    assert remaining == 10000 - 500 - after.estimated_tokens
 
 
 async def test_a_request_no_engine_answered_is_refunded() -> None:

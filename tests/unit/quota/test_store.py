@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 
 import pytest
 import redis.asyncio as aioredis
@@ -122,9 +123,50 @@ async def test_a_request_dearer_than_the_bucket_waits_for_a_full_one_and_leaves_
     admitted = await store.admit(tenant, [tokens_bucket(tenant, 100, 250)], [], enforce_budget=True)
     assert admitted.outcome == "admitted"
     assert admitted.buckets[0].remaining == 0
-    assert 149_000 < admitted.buckets[0].reset_ms <= 150_000  # 150 of debt, then 100 to fill
+    # 150 of debt asked for, 100 taken (the floor: one bucket), then 100 to fill
+    assert admitted.buckets[0].taken == 200
+    assert 119_000 < admitted.buckets[0].reset_ms <= 120_000
     after = await store.admit(tenant, [tokens_bucket(tenant, 100, 1)], [], enforce_budget=True)
-    assert after.outcome == "rate_limited" and 90_000 < after.wait_ms <= 90_600
+    assert after.outcome == "rate_limited" and 60_000 < after.wait_ms <= 60_600
+
+
+async def test_one_request_leaves_a_bucket_at_most_one_bucket_in_debt(
+    store: QuotaStore, tenant: str
+) -> None:
+    """A streamed n=100, max_tokens=1000 request against 2,000 tokens a minute: its estimate
+    takes the bucket and one more bucket's worth of debt, no more, so the tenant's next
+    small request waits about a minute, not 49."""
+    admitted = await store.admit(
+        tenant, [tokens_bucket(tenant, 2000, 100_020)], [], enforce_budget=True
+    )
+    assert admitted.outcome == "admitted"
+    assert admitted.buckets[0].taken == 4000  # the 2,000 it held, and 2,000 of debt
+    assert 119_000 < admitted.buckets[0].reset_ms <= 120_000
+    next_one = await store.admit(tenant, [tokens_bucket(tenant, 2000, 30)], [], enforce_budget=True)
+    assert next_one.outcome == "rate_limited"
+    assert 60_000 < next_one.wait_ms <= 61_000  # back to zero, then its 30 tokens
+
+
+async def test_settling_never_puts_a_bucket_more_than_one_bucket_in_debt(
+    store: QuotaStore, tenant: str
+) -> None:
+    bucket = tokens_bucket(tenant, 2000, 10)  # no max_tokens: a tiny estimate
+    assert (await store.admit(tenant, [bucket], [], enforce_budget=True)).buckets[0].taken == 10
+    await store.settle(tenant, [bucket], [], 500_000, 0)  # it used half a million tokens
+    after = await store.admit(tenant, [tokens_bucket(tenant, 2000, 30)], [], enforce_budget=True)
+    assert after.outcome == "rate_limited" and 60_000 < after.wait_ms <= 61_000
+
+
+async def test_settling_a_charge_cut_at_the_floor_refunds_only_what_was_taken(
+    store: QuotaStore, tenant: str
+) -> None:
+    verdict = await store.admit(tenant, [tokens_bucket(tenant, 100, 1000)], [], enforce_budget=True)
+    assert verdict.buckets[0].taken == 200  # 100 held, 100 of debt: 800 never taken
+    charged = replace(tokens_bucket(tenant, 100, 1000), forgiven=1000 - verdict.buckets[0].taken)
+    await store.settle(tenant, [charged], [], 150 - 1000, 0)  # it used 150, not 1,000
+    after = await store.admit(tenant, [tokens_bucket(tenant, 100, 1)], [], enforce_budget=True)
+    # 100 - 150 = 50 in debt (a refund of all 850 would have filled it): 51 tokens to wait
+    assert after.outcome == "rate_limited" and 30_000 < after.wait_ms <= 30_700
 
 
 async def test_settling_refunds_and_charges_the_difference(store: QuotaStore, tenant: str) -> None:
@@ -243,7 +285,7 @@ async def test_a_call_sent_twice_is_run_once(redis: aioredis.Redis, tenant: str)
 
     settled = quota_key(tenant, "once:call-2")
     for _ in range(2):
-        await settle(keys=[bucket.key, settled], args=[1, 0, 20, 0, 100])
+        await settle(keys=[bucket.key, settled], args=[1, 0, 20, 0, 100, 20])
     after = await RedisQuotaStore(redis).admit(
         tenant, [tokens_bucket(tenant, 100, 1)], [], enforce_budget=True
     )

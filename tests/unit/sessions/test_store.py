@@ -3,6 +3,7 @@ behaviour."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 
 import pytest
@@ -65,6 +66,34 @@ async def test_fork_copies_the_first_turns_and_delete_removes_all(store: Checkpo
     assert await store.delete(source) is True
     assert await store.load(source) == []
     assert await store.delete(source) is False
+
+
+async def test_a_fork_onto_an_existing_session_writes_nothing_and_says_so(
+    store: CheckpointStore,
+) -> None:
+    source, existing, new = fresh(), fresh(), fresh()
+    for text in ("a", "b", "c"):
+        await store.append(source, turn(text), {"t": b"[]"})
+        await store.append(existing, turn(f"mine-{text}"), {"mine": b"[1]"})
+    assert await store.fork(source, 1, existing) is False
+    assert await store.load(existing) == [turn("mine-a"), turn("mine-b"), turn("mine-c")]
+    assert await store.blobs(existing) == {"mine": b"[1]"}
+    assert await store.fork(source, 1, new) is True
+    assert await store.load(new) == [turn("a")]
+
+
+async def test_concurrent_forks_onto_one_new_id_leave_exactly_one_whole(
+    store: CheckpointStore,
+) -> None:
+    sources, target = [fresh() for _ in range(8)], fresh()
+    for i, source in enumerate(sources):
+        for n in range(3):
+            await store.append(source, turn(f"{i}-{n}"), {f"t{i}": b"[]"})
+    done = await asyncio.gather(*(store.fork(source, 3, target) for source in sources))
+    assert sum(done) == 1
+    winner = done.index(True)
+    assert await store.load(target) == [turn(f"{winner}-{n}") for n in range(3)]
+    assert await store.blobs(target) == {f"t{winner}": b"[]"}
 
 
 async def test_redis_keys_expire_with_the_policy_ttl(redis: aioredis.Redis) -> None:

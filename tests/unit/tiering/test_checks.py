@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from gateway.errors import InvalidRequest
 from gateway.policy.tiering import GuardrailSpec
 from gateway.tiering.checks import OutputChecks, checks_for
 
@@ -44,9 +45,14 @@ def test_the_response_format_schema_is_checked() -> None:
     assert "eggs" in why
 
 
-def test_an_invalid_client_schema_is_left_to_the_engine() -> None:
+def test_an_invalid_client_schema_is_a_400_naming_the_field() -> None:
     bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": 5}}}
-    assert checks_for(None, {"response_format": bad}) is None
+    with pytest.raises(InvalidRequest) as refused:
+        checks_for(None, {"response_format": bad})
+    assert refused.value.status == 400
+    assert refused.value.param == "response_format.json_schema.schema"
+    assert refused.value.code == "invalid_schema"
+    assert "`type`" in refused.value.message
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,137 @@
+"""Fair admission across tenants (gateway/resilience/fair_share.py): who may wait for a slot
+of a full pool, and who gets the next one."""
+
+from __future__ import annotations
+
+import asyncio
+
+import orjson
+import pytest
+
+from gateway.errors import Overloaded
+from gateway.keys.identity import TenantAccess
+from gateway.metrics import GatewayMetrics
+from gateway.pipeline import Pipeline
+from gateway.policy import Endpoint, parse_policy
+from gateway.prefix_watch import MemoryFingerprints
+from gateway.replicas import Fleet, Replica
+from gateway.request_context import RequestContext
+from gateway.resilience.fair_share import FairQueue
+from gateway.routing.router import RoundRobinRouter
+from tests.fakes import FakeUpstream, Scripted
+
+
+def _replicas(**held: int) -> list[Replica]:
+    replica = Replica("p", "http://a.test:1", "m")
+    replica.by_tenant = {t: n for t, n in held.items() if n}
+    replica.inflight = sum(held.values())
+    return [replica]
+
+
+def test_a_tenant_alone_never_waits_in_line() -> None:
+    line = FairQueue({})
+    assert not line.may_wait(_replicas(a=8), "a", capacity=8)
+    assert not line.may_wait(_replicas(), "a", capacity=8)  # the engines' own queues are full
+
+
+def test_a_tenant_below_its_share_waits_and_the_hog_does_not() -> None:
+    line = FairQueue({})
+    replicas = _replicas(a=8)
+    assert line.may_wait(replicas, "b", capacity=8)
+    assert not line.may_wait(replicas, "a", capacity=8)
+
+
+def test_a_tenant_at_its_share_still_waits_while_another_holds_more() -> None:
+    line = FairQueue({})
+    # Capacity shrank (a replica left) while `a` held on: `b` at its share of 4 may still
+    # wait, because `a` will give slots back and holds more than `b` would.
+    replicas = _replicas(a=12, b=4)
+    assert line.may_wait(replicas, "b", capacity=8)
+    for _ in range(7):
+        line.join("b")
+    assert line.may_wait(replicas, "b", capacity=8)  # 4 held + 7 waiting + this one = 12
+    line.join("b")
+    assert not line.may_wait(replicas, "b", capacity=8)  # 13 would be more than `a` holds
+    assert not line.may_wait(replicas, "a", capacity=8)
+
+
+def test_weights_set_the_shares() -> None:
+    line = FairQueue({"gold": 3.0})
+    replicas = _replicas(gold=5, free=3)
+    assert line.may_wait(replicas, "gold", capacity=8)  # 5 < 8 * 3/4
+    assert not line.may_wait(replicas, "free", capacity=8)  # 3 >= 8 * 1/4, and 4 > 5/3
+
+
+def test_the_next_slot_goes_to_the_tenant_holding_least_per_weight() -> None:
+    line = FairQueue({"gold": 4.0})
+    replicas = _replicas(gold=6, free=2)
+    free = line.join("free")
+    gold = line.join("gold")
+    assert not line.may_take(replicas, None)  # a newcomer queues behind the line
+    assert line.may_take(replicas, gold)  # 6/4 < 2/1
+    assert not line.may_take(replicas, free)
+    line.leave(gold)
+    assert line.may_take(replicas, free)
+    line.leave(free)
+    assert line.may_take(replicas, None)  # nobody waits: anyone may
+
+
+class _Held(FakeUpstream):
+    """Every answer is a stream that stays open until its gate opens."""
+
+    def __init__(self) -> None:
+        super().__init__(lambda call: Scripted(chunks=[], content_type="text/event-stream"))
+        self.gates: list[asyncio.Event] = []
+
+    async def post(self, url, body, headers, *, connect_timeout_s):  # type: ignore[no-untyped-def]
+        response = await super().post(url, body, headers, connect_timeout_s=connect_timeout_s)
+        gate = asyncio.Event()
+        self.gates.append(gate)
+
+        async def next_chunk() -> bytes:
+            await gate.wait()
+            return b""
+
+        response.next_chunk = next_chunk  # type: ignore[method-assign]
+        return response
+
+
+POLICY = """\
+version: 1
+resilience: {admission: {max_inflight_per_replica: 2, retry_after_s: 2, share_wait_s: 5}}
+routing: {strategy: round_robin}
+pools: {main: {served_model: m, replicas: [{url: "http://a.test:1"}]}}
+models: {main: {pool: main}}
+tenants: {a: {}, b: {}}
+"""
+
+
+def _context(tenant: str) -> RequestContext:
+    return RequestContext("r", access=TenantAccess(tenant))
+
+
+async def test_a_waiting_request_gets_the_slot_the_hog_gives_back() -> None:
+    policy = parse_policy(POLICY)
+    upstream = _Held()
+    pipeline = Pipeline(
+        policy, Fleet(policy), RoundRobinRouter(), upstream,
+        fingerprints=MemoryFingerprints(), metrics=GatewayMetrics(),
+    )  # fmt: skip
+    body = orjson.dumps({"model": "main", "messages": [{"role": "user", "content": "x"}],
+                         "stream": True})  # fmt: skip
+    held = [await pipeline.handle(Endpoint.chat, body, _context("a")) for _ in range(2)]
+    with pytest.raises(Overloaded) as shed:  # a holds the pool: its next request is shed
+        await pipeline.handle(Endpoint.chat, body, _context("a"))
+    assert shed.value.headers["Retry-After"] == "2"
+    waiting = asyncio.create_task(pipeline.handle(Endpoint.chat, body, _context("b")))
+    await asyncio.sleep(0.1)
+    assert not waiting.done()  # b waits in line instead of being shed
+    with pytest.raises(Overloaded):  # and a cannot jump it
+        await pipeline.handle(Endpoint.chat, body, _context("a"))
+    upstream.gates[0].set()  # one of a's streams ends ...
+    async for _ in held[0].body_iterator:  # type: ignore[attr-defined]
+        pass
+    await asyncio.wait_for(waiting, 2)  # ... and b takes its slot
+    assert len(upstream.calls) == 3
+    for gate in upstream.gates:
+        gate.set()
