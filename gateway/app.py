@@ -25,15 +25,15 @@ from starlette.types import ASGIApp
 
 from gateway.api.admin import build_admin_router
 from gateway.api.approvals import build_approvals_router
-from gateway.api.body import BodyLimit
-from gateway.api.calls import ApiCalls
+from gateway.api.inference import ApiCalls
 from gateway.api.observability import build_observability_router
 from gateway.api.openapi import build_openapi_router
 from gateway.api.responses import build_responses_router
 from gateway.api.routes import build_api_router
 from gateway.api.sessions import build_sessions_router
-from gateway.auth import AdminKeyStore, ApiKeyAuth, KeyStore
-from gateway.discovery import DiscoveryMetrics, Resolver, SystemResolver
+from gateway.edge.auth import AdminKeyStore, ApiKeyAuth, KeyStore
+from gateway.edge.body import BodyLimit
+from gateway.edge.middleware import EdgeMiddleware
 from gateway.errors import (
     GatewayError,
     InvalidRequest,
@@ -41,20 +41,20 @@ from gateway.errors import (
     NotFound,
     error_response,
 )
-from gateway.http1 import Http1Upstream
-from gateway.keys.checks import admin_keys, tenant_keys
-from gateway.keys.runtime import RedisKeys
-from gateway.keys.tenants import Tenants
-from gateway.metrics import GatewayMetrics
-from gateway.middleware import EdgeMiddleware
+from gateway.fleet.discovery import DiscoveryMetrics, Resolver, SystemResolver
 from gateway.policy import Policy
 from gateway.policy.reloadable import PolicyFile
 from gateway.reload import PolicyReloader, ReloadMetrics
 from gateway.runtime import CurrentEngineLoads, Runtime, Services, build_runtime
-from gateway.state_store import StateStore
+from gateway.state.store import StateStore
+from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.service import Telemetry
 from gateway.telemetry.usage import RedisUsageLedger
-from gateway.upstream import Upstream, probe_session
+from gateway.tenants.directory import Tenants
+from gateway.tenants.key_checks import admin_keys, tenant_keys
+from gateway.tenants.stored_keys import RedisKeys
+from gateway.upstream.client import Upstream, probe_session
+from gateway.upstream.http1 import Http1Upstream
 
 log = logging.getLogger(__name__)
 
@@ -171,7 +171,7 @@ def create_app(
 
 class _GatewayApp(FastAPI):
     """FastAPI, with the request id, telemetry and the hot API calls in plain ASGI in
-    front of its own stack (gateway/api/calls.py says why)."""
+    front of its own stack (gateway/api/inference.py says why)."""
 
     def __init__(
         self,

@@ -23,10 +23,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gateway.keys.cli import add_keys_parser
 from gateway.policy import Policy, PolicyError, load_policy
 from gateway.policy.reloadable import load_policy_file, needs_restart
 from gateway.policy.schema import RoutingSpec
+from gateway.tenants.cli import add_keys_parser
 
 DEFAULT_POLICY = "policies/default.yaml"
 
@@ -47,13 +47,13 @@ def _serve(args: argparse.Namespace) -> int:
     from uvicorn.config import LOGGING_CONFIG
 
     from gateway.app import create_app
-    from gateway.connections import protocol_for, raise_descriptor_limit
-    from gateway.redaction import install_log_redaction, redacting_log_config
+    from gateway.edge.connections import protocol_for, raise_descriptor_limit
+    from gateway.telemetry.redaction import install_log_redaction, redacting_log_config
 
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    install_log_redaction()  # no credential in a log line (gateway/redaction.py)
+    install_log_redaction()  # no credential in a log line (gateway/telemetry/redaction.py)
     path = _policy_path(args.policy)
     try:
         policy, source = load_policy_file(path)
@@ -77,7 +77,7 @@ def _serve(args: argparse.Namespace) -> int:
         app,
         host=host,
         port=port,
-        # Header deadline, keep-alive idle limit and connection cap (gateway/connections.py).
+        # Header deadline, keep-alive idle limit and connection cap (gateway/edge/connections.py).
         http=protocol_for(policy.server),
         log_level=args.log_level,
         log_config=redacting_log_config(LOGGING_CONFIG),
@@ -124,8 +124,8 @@ def _schema(args: argparse.Namespace) -> int:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from gateway.replay.run import ReplayConfig, evaluate
-    from gateway.replay.traces import TraceError, read_trace
+    from gateway.offline.replay.run import ReplayConfig, evaluate
+    from gateway.offline.replay.traces import TraceError, read_trace
 
     try:
         routing = load_policy(args.policy).routing if args.policy else RoutingSpec()
@@ -176,7 +176,7 @@ def _replay_table(r: dict[str, Any]) -> str:
 
 
 def _trim_eval(args: argparse.Namespace) -> int:
-    from gateway.trimming.evaluate import Evaluation
+    from gateway.offline.trim_eval import Evaluation
     from gateway.trimming.tokens import token_counter
 
     try:
@@ -219,8 +219,8 @@ def _trim_table(r: dict[str, Any]) -> str:
 
 
 def _route_train(args: argparse.Namespace) -> int:
-    from gateway.tiering.labels import LabelError, read_labels
-    from gateway.tiering.train import TrainConfig, train_router
+    from gateway.offline.route_train.labels import LabelError, read_labels
+    from gateway.offline.route_train.train import TrainConfig, train_router
 
     try:
         prompts = read_labels(args.labels)
@@ -243,8 +243,8 @@ def _route_train(args: argparse.Namespace) -> int:
 
 
 def _route_eval(args: argparse.Namespace) -> int:
-    from gateway.tiering.evaluate import route_eval, table
-    from gateway.tiering.labels import LabelError, read_labels
+    from gateway.offline.route_eval import route_eval, table
+    from gateway.offline.route_train.labels import LabelError, read_labels
     from gateway.tiering.learned import ArtifactError, LearnedRouter
     from gateway.tiering.rules import policy_fixed_tier
 
@@ -267,7 +267,7 @@ def _route_eval(args: argparse.Namespace) -> int:
 
 
 def _keys(args: argparse.Namespace) -> int:
-    from gateway.keys.cli import run_keys_command
+    from gateway.tenants.cli import run_keys_command
 
     try:
         policy = load_policy(_policy_path(args.policy))

@@ -10,7 +10,7 @@
     |   +-- ModelNotFound               404   invalid_request_error  code=model_not_found
     +-- MethodNotAllowed                405   invalid_request_error
     +-- RequestTimeout                  408   invalid_request_error  code=request_timeout
-    |                                     (headers too slow: gateway/connections.py)
+    |                                     (headers too slow: gateway/edge/connections.py)
     +-- Conflict                        409   invalid_request_error  (e.g. approval_already_decided)
     +-- PayloadTooLarge                 413   invalid_request_error  code=request_too_large
     +-- UpstreamError                   502   upstream_error         (engine unreachable or 5xx)
@@ -18,6 +18,7 @@
     |   +-- OutputCheckFailed           502   upstream_error         code=output_check_failed
     +-- UpstreamRejected              (4xx)   (engine's own)         engine refused the request
     +-- NoHealthyReplica                503   service_unavailable    Retry-After set
+    +-- StateUnavailable                503   service_unavailable    code=state_store_unavailable
     +-- Overloaded                      429   rate_limit_error       code=overloaded, Retry-After
     +-- RateLimited                     429   rate_limit_error       code=rate_limit_exceeded,
     |                                     Retry-After and x-ratelimit-* (gateway/quota/)
@@ -122,7 +123,7 @@ class Conflict(GatewayError):
 
 class RequestTimeout(GatewayError):
     """The client did not send its request's headers in time; written by the connection
-    itself (gateway/connections.py), before any route is known."""
+    itself (gateway/edge/connections.py), before any route is known."""
 
     status = 408
     error_type = "invalid_request_error"
@@ -159,6 +160,14 @@ class NoHealthyReplica(GatewayError):
 
     def __init__(self, message: str, *, retry_after_s: int) -> None:
         super().__init__(message, headers={"Retry-After": str(retry_after_s)})
+
+
+class StateUnavailable(GatewayError):
+    """Redis (sessions, keys, quota, approvals, stored responses) cannot be reached."""
+
+    status = 503
+    error_type = "service_unavailable"
+    default_code = "state_store_unavailable"
 
 
 class Overloaded(GatewayError):

@@ -11,8 +11,10 @@ from dataclasses import replace
 
 from starlette.responses import Response
 
-from gateway.answers import Answer, read_answer
 from gateway.approvals.gate import ApprovalGate, GateAnswer, Guard
+from gateway.chat.inbound import InboundRequest, parse_request
+from gateway.delivery.relay import RelayResponse, ReplayedStream, StreamRelay
+from gateway.delivery.whole import Answer, read_answer
 from gateway.errors import (
     ModelNotFound,
     NoHealthyReplica,
@@ -20,28 +22,26 @@ from gateway.errors import (
     Overloaded,
     UpstreamError,
 )
-from gateway.inbound import InboundRequest, parse_request
-from gateway.keys.identity import OPEN_ACCESS, TenantAccess
-from gateway.keys.settings import TenantPolicies
-from gateway.metrics import GatewayMetrics
+from gateway.fleet.replicas import Fleet, Pool
 from gateway.policy import Endpoint, Policy
-from gateway.prefix_watch import FingerprintStore
-from gateway.prefixes import PrefixSteps
+from gateway.prompt.prefix_watch import FingerprintStore
+from gateway.prompt.steps import PrefixSteps
 from gateway.quota.service import Quota
-from gateway.relay import RelayResponse, ReplayedStream, StreamRelay
-from gateway.replicas import Fleet, Pool
 from gateway.request_context import RequestContext
 from gateway.resilience.dispatcher import Dispatch, Dispatcher
 from gateway.resilience.response_cache import ResponseCache, cache_key
 from gateway.routing.costs import RouteRequest
 from gateway.routing.router import Decision, Router
-from gateway.sessions.keys import SessionRef
-from gateway.sessions.steps import Checkpointer, SessionSteps, report_turn
+from gateway.session_steps import Checkpointer, SessionSteps, report_turn
+from gateway.sessions.ids import SessionRef
 from gateway.sessions.turns import SessionTurns, Turn
+from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.record import RequestRecord, ResultFacts
+from gateway.tenants.identity import OPEN_ACCESS, TenantAccess
+from gateway.tenants.settings import TenantPolicies
 from gateway.tiering.chooser import TierChoice, TierChooser, load_learned_router
-from gateway.tiering.memory import MemorySessionTiers
-from gateway.upstream import Upstream
+from gateway.tiering.stickiness import MemorySessionTiers
+from gateway.upstream.client import Upstream
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ class Pipeline:
         self._approvals = approvals
         # Rate limits and budgets; a caller nothing limits costs a dict lookup.
         self._quota = quota
-        # Each tenant's limits, fallbacks and tiers, merged once (gateway/keys/settings.py).
+        # Each tenant's limits, fallbacks and tiers, merged once (gateway/tenants/settings.py).
         self.tenants = tenants or TenantPolicies(policy)
         self._fleet = fleet
         self._dispatcher = dispatcher or Dispatcher(policy, router, upstream, metrics)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gateway.keys.identity import OPEN_ACCESS, Identity, TenantAccess
-from gateway.sessions.keys import SessionRef
+from gateway.sessions.ids import SessionRef
 from gateway.telemetry.record import RequestRecord
+from gateway.tenants.identity import OPEN_ACCESS, Identity, TenantAccess
 
 
 @dataclass(frozen=True)
@@ -18,7 +18,7 @@ class RequestContext:
     task: str | None = None  # the X-Task header: a label tier rules can match
     # What telemetry learns about the request; the HTTP layer's, or one nobody reads.
     record: RequestRecord = field(default_factory=RequestRecord.detached)
-    # The caller's tenant (gateway/auth.py): its models, and the namespace of its state.
+    # The caller's tenant (gateway/edge/auth.py): its models, and the namespace of its state.
     access: TenantAccess = OPEN_ACCESS
     # The caller's key (None when authentication is off): its id and own rate limits.
     identity: Identity | None = None

@@ -17,7 +17,7 @@ uses only new objects, and a request already running keeps the objects it starte
 What a new runtime takes over from the one it replaces, so that a reload does not make
 the gateway forget what it learned about the engines:
 - replica objects whose pool and URL are unchanged: health and in-flight counts
-  (gateway/replicas.py), and the last DNS answer of pools whose `discover` is unchanged;
+  (gateway/fleet/replicas.py), and the last DNS answer of pools whose `discover` is unchanged;
 - the breakers, when `resilience.breaker` is unchanged (they are keyed by replica id);
 - the router (which replica's prefix cache holds what, session homes, recent load), when
   `routing` is unchanged; a changed `routing` (a weight, the strategy) starts a new one.
@@ -35,33 +35,33 @@ from gateway.approvals.audit import AuditLog
 from gateway.approvals.decisions import Approvals
 from gateway.approvals.gate import ApprovalGate
 from gateway.approvals.store import RedisApprovals
-from gateway.discovery import Discovery, DiscoveryMetrics, Resolver
-from gateway.engine_metrics import EngineMetricsScraper, EngineStats
-from gateway.health import HealthMonitor
-from gateway.keys.settings import TenantPolicies
-from gateway.metrics import GatewayMetrics
+from gateway.dashboard.fleet_view import FleetView
+from gateway.fleet.discovery import Discovery, DiscoveryMetrics, Resolver
+from gateway.fleet.engine_metrics import EngineLoad, EngineMetricsScraper, EngineStats
+from gateway.fleet.health import HealthMonitor
+from gateway.fleet.replicas import Fleet
 from gateway.pipeline import Pipeline
 from gateway.policy import Policy
-from gateway.prefix_watch import RedisFingerprints
+from gateway.prompt.prefix_watch import RedisFingerprints
 from gateway.quota.service import Quota, quota_applies
 from gateway.quota.store import RedisQuotaStore
-from gateway.replicas import Fleet
 from gateway.resilience.dispatcher import Breakers, Dispatcher
 from gateway.resilience.response_cache import RedisResponseCache
 from gateway.responses.records import RedisResponseRecords
 from gateway.responses.service import ResponsesService
 from gateway.routing.build import build_router
-from gateway.routing.router import EngineLoad, Router
+from gateway.routing.router import Router
 from gateway.sessions.store import RedisCheckpoints
 from gateway.sessions.turns import SessionTurns
-from gateway.state_store import StateStore
-from gateway.telemetry.fleet_view import FleetView
+from gateway.state.store import StateStore
+from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.prices import Prices
 from gateway.telemetry.service import Telemetry
+from gateway.tenants.settings import TenantPolicies
 from gateway.tiering.chooser import TierChooser, load_learned_router
-from gateway.tiering.memory import RedisSessionTiers
-from gateway.trimming.tenants import policy_trimmers
-from gateway.upstream import Upstream
+from gateway.tiering.stickiness import RedisSessionTiers
+from gateway.trimming.per_tenant import policy_trimmers
+from gateway.upstream.client import Upstream
 
 
 class CurrentEngineLoads:

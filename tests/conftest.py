@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from engine.supervisor import free_port
-from gateway.state_store import redis_server_binary
+from gateway.state.store import redis_server_binary
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED_DATA = ROOT.parent / "shared" / "data"

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from gateway.errors import UpstreamError
-from gateway.upstream import ConnectFailed, UpstreamResponse
+from gateway.upstream.client import ConnectFailed, UpstreamResponse
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """The admin API, behind the admin credential (`auth.admin_keys_file`, `auth.admin_keys`;
-checked in gateway/auth.py before any route here runs): run-time API keys, a policy
+checked in gateway/edge/auth.py before any route here runs): run-time API keys, a policy
 reload on demand, and session inspection across tenants. Mounted only when the policy
 names an admin key.
 
@@ -22,16 +22,16 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway.api.sessions import checkpoint_summary
-from gateway.client_text import check_label
+from gateway.chat.inbound import json_object
 from gateway.errors import InvalidRequest, NotFound
-from gateway.inbound import json_object
-from gateway.keys.runtime import ROLES, RedisKeys
-from gateway.keys.settings import TenantPolicies
-from gateway.keys.tenants import Tenants
 from gateway.policy.quota import RateLimitSpec
 from gateway.reload import PolicyReloader
-from gateway.sessions.keys import SessionRef, check_session_id
+from gateway.sessions.ids import SessionRef, check_session_id
 from gateway.sessions.store import CheckpointStore
+from gateway.tenants.directory import Tenants
+from gateway.tenants.settings import TenantPolicies
+from gateway.tenants.stored_keys import ROLES, RedisKeys
+from gateway.untrusted.client_text import check_label
 
 
 def _json(data: Any, status: int = 200) -> Response:

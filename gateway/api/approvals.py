@@ -8,7 +8,7 @@ gateway/approvals/decisions.py.
 Another tenant's ids are 404, as ids that never existed. Deciding needs a key with the
 `approver` role (403 otherwise); a decided or expired approval answers 409. Each decision,
 refused ones too, is a span continuing the caller's `traceparent`
-(gateway/telemetry/decisions.py).
+(gateway/telemetry/approval_spans.py).
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway.approvals.decisions import Approvals
-from gateway.client_text import ascii_number
 from gateway.errors import InvalidRequest
-from gateway.keys.identity import access_of, identity_of
 from gateway.telemetry.service import Telemetry
+from gateway.tenants.identity import access_of, identity_of
+from gateway.untrusted.client_text import ascii_number
 
 _LIMIT = 20
 _MAX_LIMIT = 100

@@ -13,13 +13,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway.dashboard import PAGE
-from gateway.errors import InvalidRequest, NotFound
-from gateway.keys.identity import access_of
-from gateway.sessions.keys import SessionRef, check_session_id
-from gateway.sessions.store import StateUnavailable
-from gateway.telemetry.fleet_view import FleetView
+from gateway.dashboard.fleet_view import FleetView
+from gateway.errors import InvalidRequest, NotFound, StateUnavailable
+from gateway.sessions.ids import SessionRef, check_session_id
 from gateway.telemetry.service import Telemetry
 from gateway.telemetry.usage import parse_days, summary, usage_report
+from gateway.tenants.identity import access_of
 
 _MAX_DAYS = 366
 

@@ -2,14 +2,14 @@
 describes server-sent event streams, `itemSchema`).
 
 FastAPI's generated schema is off (`openapi_url=None` in gateway/app.py): the API calls
-agents make are answered in plain ASGI ahead of FastAPI (gateway/api/calls.py), so it would
+agents make are answered in plain ASGI ahead of FastAPI (gateway/api/inference.py), so it would
 describe neither them nor the OpenAI-shaped error every route answers with. This document is
 written by hand for what the gateway itself promises: every route, its parameters, the
 statuses it answers with and the shape of its answers. Fields the engine owns are left open
 (its answer passes through); request bodies follow OpenAI's published schemas in the
 fields the gateway reads, and accept every other field (it is passed to the engine).
 
-tests/unit/test_fuzz_openapi.py fuzzes the app against this document with schemathesis and
+tests/unit/api/test_fuzz_openapi.py fuzzes the app against this document with schemathesis and
 checks that every route the app serves is described here.
 """
 

@@ -1,5 +1,5 @@
 """The Responses API routes for stored responses (creating one is an API call:
-gateway/api/calls.py); the work is in gateway/responses/service.py."""
+gateway/api/inference.py); the work is in gateway/responses/service.py."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.keys.identity import access_of
 from gateway.responses.service import ResponsesService
+from gateway.tenants.identity import access_of
 
 
 def build_responses_router() -> APIRouter:

@@ -11,10 +11,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway.errors import ModelNotFound
-from gateway.keys.identity import access_of
-from gateway.metrics import GatewayMetrics
-from gateway.replicas import Fleet
-from gateway.state_store import StateStore
+from gateway.fleet.replicas import Fleet
+from gateway.state.store import StateStore
+from gateway.telemetry.metrics import GatewayMetrics
+from gateway.tenants.identity import access_of
 
 
 def _json(data: Any, status: int = 200) -> Response:

@@ -11,15 +11,15 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.client_text import ascii_number
+from gateway.chat.inbound import json_object
 from gateway.errors import Conflict, InvalidRequest, NotFound
-from gateway.inbound import json_object
-from gateway.keys.identity import access_of
 from gateway.sessions.checkpoints import Checkpoint, engine_request, history
-from gateway.sessions.keys import SessionRef, check_session_id
+from gateway.sessions.ids import SessionRef, check_session_id
 from gateway.sessions.store import CheckpointStore, fork_to_new_id
 from gateway.sessions.turns import materialised_entities
+from gateway.tenants.identity import access_of
 from gateway.trimming.conversation import tool_results
+from gateway.untrusted.client_text import ascii_number
 
 
 def _json(data: Any, status: int = 200) -> Response:

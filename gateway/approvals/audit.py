@@ -24,9 +24,9 @@ import orjson
 import redis.asyncio as aioredis
 
 from gateway.approvals.records import Approval
-from gateway.metrics import GatewayMetrics
-from gateway.redis_client import RedisClient
-from gateway.redis_keys import approvals_key
+from gateway.state.keys import approvals_key
+from gateway.state.redis_client import RedisClient
+from gateway.telemetry.metrics import GatewayMetrics
 
 audit_log = logging.getLogger("gateway.audit")
 log = logging.getLogger(__name__)

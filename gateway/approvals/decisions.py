@@ -6,7 +6,7 @@ the caller's key has the `approver` role (else 403 permission_denied), the body 
 `approve` or `deny` (else 400), the approval is still pending (else 409:
 approval_expired, or approval_already_decided). Who decided (the key id) and when are
 recorded with the decision, in the audit trail too. What `decide` learns goes into the
-decision's telemetry record (gateway/telemetry/decisions.py), whose trace id is the one
+decision's telemetry record (gateway/telemetry/approval_spans.py), whose trace id is the one
 in the audit entry: the span and the entry name the same trace.
 """
 
@@ -19,11 +19,11 @@ from dataclasses import replace
 from gateway.approvals.audit import AuditEvent, AuditLog
 from gateway.approvals.records import ID_PATTERN, STATUSES, Approval, Decision, Verdict
 from gateway.approvals.store import RedisApprovals
-from gateway.client_text import check_label
+from gateway.chat.inbound import json_object
 from gateway.errors import Conflict, InvalidRequest, NotFound, PermissionDenied
-from gateway.inbound import json_object
-from gateway.keys.identity import Identity
-from gateway.telemetry.decisions import DecisionRecord
+from gateway.telemetry.approval_spans import DecisionRecord
+from gateway.tenants.identity import Identity
+from gateway.untrusted.client_text import check_label
 
 APPROVER = "approver"
 _VERDICTS: dict[str, Verdict] = {"approve": "approved", "deny": "denied"}

@@ -21,10 +21,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.answers import Answer
-from gateway.approvals.answers import gateway_answer
 from gateway.approvals.audit import AuditEvent
 from gateway.approvals.decisions import Approvals
+from gateway.approvals.gateway_answers import gateway_answer
 from gateway.approvals.messages import (
     approval_named_in,
     denied_text,
@@ -33,11 +32,12 @@ from gateway.approvals.messages import (
     pending_text,
 )
 from gateway.approvals.records import Approval, Closing, Outcome, Status, new_approval_id
+from gateway.chat.inbound import InboundRequest
+from gateway.chat.messages import Message
+from gateway.delivery.whole import Answer
 from gateway.errors import InvalidRequest
-from gateway.inbound import InboundRequest
 from gateway.policy.approvals import ApprovalsSpec
-from gateway.sessions.checkpoints import Message
-from gateway.sessions.keys import SessionRef
+from gateway.sessions.ids import SessionRef
 from gateway.telemetry import names
 from gateway.telemetry.record import RequestRecord, Stage, new_span_id
 
@@ -106,7 +106,9 @@ class ApprovalGate:
         if not tools:
             return None
         held = self.tools_held(tenant, request.model)
-        declared = {tool["function"]["name"] for tool in tools}  # checked by gateway/inbound.py
+        declared = {
+            tool["function"]["name"] for tool in tools
+        }  # checked by gateway/chat/inbound.py
         if held.isdisjoint(declared):
             return None
         if request.body.get("n") not in (None, 1):

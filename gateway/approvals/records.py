@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import orjson
 
-from gateway.sessions.checkpoints import Message
+from gateway.chat.messages import Message
 
 ID_PATTERN = re.compile(r"apr_[0-9a-f]{24}")
 

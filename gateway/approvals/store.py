@@ -1,4 +1,4 @@
-"""Where approvals live: Redis, every key namespaced by tenant (gateway/redis_keys.py).
+"""Where approvals live: Redis, every key namespaced by tenant (gateway/state/keys.py).
 
     agw:approval:{<tenant>/<id>}       hash: `held`, then `decision`, then `closing`
     agw:{<tenant>/<session>}:approval  the session's open approval (its id)
@@ -17,10 +17,10 @@ import orjson
 import redis.asyncio as aioredis
 
 from gateway.approvals.records import Approval, Closing, Decision
-from gateway.redis_client import RedisClient
-from gateway.redis_keys import approval_key, approvals_key
-from gateway.sessions.keys import SessionRef
-from gateway.sessions.store import StateUnavailable
+from gateway.errors import StateUnavailable
+from gateway.sessions.ids import SessionRef
+from gateway.state.keys import approval_key, approvals_key
+from gateway.state.redis_client import RedisClient
 
 # Approvals a listing looks at, newest first (the rest are older than anyone lists).
 _LISTED = 1000

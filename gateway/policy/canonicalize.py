@@ -1,6 +1,6 @@
 """The policy's `canonicalize` section: how prompts are made byte-stable before routing
 (tools sorted, schema keys sorted, volatile values moved out of the system prompt) and
-whether prefix changes are reported (gateway/canonical.py applies it)."""
+whether prefix changes are reported (gateway/prompt/canonical.py applies it)."""
 
 from __future__ import annotations
 

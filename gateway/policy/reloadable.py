@@ -23,14 +23,14 @@ from gateway.policy.schema import Policy
 RESTART_ONLY: dict[str, str] = {
     "server.host": "the listening socket is bound once, before the app starts",
     "server.port": "the listening socket is bound once, before the app starts",
-    "server.header_timeout_s": "the server's connection protocol (gateway/connections.py) is "
+    "server.header_timeout_s": "the server's connection protocol (gateway/edge/connections.py) is "
     "built once, before the listening socket opens",
     "server.keep_alive_s": "the server's connection protocol is built once",
     "server.max_connections": "the server's connection protocol is built once",
-    "limits.max_body_bytes": "built into the ASGI stack (gateway/api/calls.py), which is "
+    "limits.max_body_bytes": "built into the ASGI stack (gateway/api/inference.py), which is "
     "assembled once",
     "auth": "the API-key check is part of the ASGI stack, on or off, from the start; the "
-    "keys file has its own watcher (gateway/auth.py): rotate keys in that file",
+    "keys file has its own watcher (gateway/edge/auth.py): rotate keys in that file",
     "tenants": "tenants' static keys and settings are built into the API-key check once; "
     "keys created at run time (`gateway keys create`, POST /admin/keys) need no restart",
     "state": "the state store's connection (or embedded Redis) is opened once, and sessions, "

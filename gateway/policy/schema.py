@@ -1,6 +1,6 @@
 """The policy's strict schema: unknown keys, wrong types and bad values are rejected.
 
-These are raw, frozen configuration records. gateway/replicas.py builds the runtime
+These are raw, frozen configuration records. gateway/fleet/replicas.py builds the runtime
 objects (pools with live replica state) from them at start-up and on every policy
 reload (gateway/reload.py).
 """
@@ -13,7 +13,6 @@ from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, Field, model_validator
 
-from gateway.client_text import control_character
 from gateway.policy.approvals import ApprovalsSpec
 from gateway.policy.base import Name, Strict
 from gateway.policy.canonicalize import CanonicalizeSpec
@@ -23,6 +22,7 @@ from gateway.policy.sessions import SessionsSpec, StateSpec, TrimmingSpec
 from gateway.policy.telemetry import PriceSpec, TelemetrySpec
 from gateway.policy.tenant_overrides import LimitsOverride, TrimmingOverride
 from gateway.policy.tiering import TieringSpec
+from gateway.untrusted.client_text import control_character
 
 
 class Endpoint(StrEnum):
@@ -54,7 +54,7 @@ class ServerSpec(Strict):
         description="How often `gateway serve` re-reads the policy file and applies it when "
         "its content changed (gateway/reload.py); 0: only on SIGHUP.",
     )
-    # The client side of the gateway's sockets (gateway/connections.py); restart-only.
+    # The client side of the gateway's sockets (gateway/edge/connections.py); restart-only.
     header_timeout_s: float = Field(
         10.0,
         gt=0,
@@ -82,7 +82,7 @@ class ServerSpec(Strict):
 class LimitsSpec(Strict):
     """Input hardening: ceilings set far above what a working agent sends, so that a
     runaway or hostile client gets a 400 naming the field instead of costing memory,
-    recursion or an engine's time (checked once while parsing: gateway/inbound.py)."""
+    recursion or an engine's time (checked once while parsing: gateway/chat/inbound.py)."""
 
     max_body_bytes: int = Field(8 * 1024 * 1024, gt=0, description="Larger request bodies get 413.")
     max_messages: int = Field(
@@ -198,7 +198,7 @@ class ReplicaSpec(Strict):
 
 class DnsDiscoverySpec(Strict):
     """Replicas found in DNS: a Kubernetes headless Service answers one A/AAAA record per
-    ready pod, and each address joins the pool as its own replica (gateway/discovery.py)."""
+    ready pod, and each address joins the pool as its own replica (gateway/fleet/discovery.py)."""
 
     dns: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]{1,253}$")] = Field(
         description="Name to resolve, e.g. vllm-large.agent-gateway.svc.cluster.local."
@@ -264,7 +264,7 @@ def _one_line(value: str) -> str:
 
 
 # A key's name is listed and written into log lines: no line breaks or other control
-# characters (a run-time key's name is held to the same rule: gateway/client_text.py).
+# characters (a run-time key's name is held to the same rule: gateway/untrusted/client_text.py).
 KeyName = Annotated[str, Field(max_length=128), AfterValidator(_one_line)]
 
 
@@ -287,7 +287,7 @@ class AdminKeySpec(Strict):
 
 
 class TenantSpec(Strict):
-    """One tenant: its keys and what it may do (gateway/keys/)."""
+    """One tenant: its keys and what it may do (gateway/tenants/)."""
 
     keys: tuple[StaticKeySpec, ...] = Field((), description="Static keys, hashed.")
     models: tuple[Name, ...] | None = Field(
@@ -343,7 +343,7 @@ class TenantSpec(Strict):
         "tenants (`shared`) or only with its own requests (`isolated`: a `cache_salt` of its "
         "own at the engine, its own keyspace in the router's index). Unset: isolated when the "
         "policy lists a tenant other than `default`, shared otherwise "
-        "(gateway/keys/cache_scope.py).",
+        "(gateway/tenants/cache_scope.py).",
     )
     prefix_cache_group: Name | None = Field(
         None,
@@ -363,7 +363,7 @@ class TenantSpec(Strict):
 
 
 class AuthSpec(Strict):
-    """Who may call the API (gateway/auth.py, gateway/keys/): keys of the `default` tenant
+    """Who may call the API (gateway/edge/auth.py, gateway/tenants/): keys of the `default` tenant
     from a file (a Kubernetes Secret), tenants' keys in `tenants`, keys created at run time
     in Redis, and separate admin keys for /admin."""
 

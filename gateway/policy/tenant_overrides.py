@@ -8,7 +8,7 @@ room an interactive one must not have); the bounds of the top-level fields still
 
 `tiers` restricts every model a tenant may use: a fixed model's pool tier must be one of
 them (checked at load, gateway/policy/tenant_checks.py), and a routable model's chosen
-tier is moved to an allowed one (`tier_clamps`). gateway/keys/settings.py builds the
+tier is moved to an allowed one (`tier_clamps`). gateway/tenants/settings.py builds the
 runtime objects from these, once per policy.
 """
 

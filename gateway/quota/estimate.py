@@ -5,7 +5,7 @@ bytes (BPE tokenizers average about four characters of English per token; the JS
 around the messages makes this an overestimate, and UTF-8's longer characters
 roughly keep it honest for other scripts), and the completion as the `max_tokens` (or
 `max_completion_tokens`) the request asks for, times `n` (at most `limits.max_n`:
-gateway/inbound.py), or nothing when it sets no ceiling. The guess only decides
+gateway/chat/inbound.py), or nothing when it sets no ceiling. The guess only decides
 admission: once the response has been sent, the charge is replaced by the engine's own
 count (gateway/quota/service.py).
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.inbound import InboundRequest
+from gateway.chat.inbound import InboundRequest
 from gateway.policy import Endpoint
 from gateway.policy.telemetry import PriceSpec
 

@@ -9,7 +9,7 @@ Retry-After and the x-ratelimit-* headers, or `budget_exceeded` (type
 `on_exceeded: downgrade` is served over budget by `downgrade_to` instead, marked with
 `X-Gateway-Budget: downgraded`; nothing is ever downgraded silently.
 
-Settling (at the edge, after the last byte, streams included: gateway/middleware.py):
+Settling (at the edge, after the last byte, streams included: gateway/edge/middleware.py):
 the estimate is replaced by what the engines counted, at the policy's prices. A request
 that failed without an answer is refunded. A stream whose count never came (the client
 cut it short, or the engine broke off) is settled on what it relayed: its estimated
@@ -40,10 +40,8 @@ from typing import Literal
 
 from redis.exceptions import RedisError
 
-from gateway.errors import BudgetExceeded, RateLimited
-from gateway.inbound import InboundRequest
-from gateway.keys.identity import Identity, TenantAccess
-from gateway.metrics import GatewayMetrics
+from gateway.chat.inbound import InboundRequest
+from gateway.errors import BudgetExceeded, RateLimited, StateUnavailable
 from gateway.policy import Endpoint, Policy
 from gateway.policy.quota import BudgetSpec, RateLimitSpec
 from gateway.policy.schema import TenantSpec
@@ -51,10 +49,11 @@ from gateway.policy.telemetry import PriceSpec
 from gateway.quota.estimate import estimate_nusd, estimate_tokens
 from gateway.quota.headers import go_duration, rate_headers, retry_after
 from gateway.quota.store import Bucket, Period, QuotaStore, Verdict
-from gateway.redis_keys import quota_key
-from gateway.sessions.store import StateUnavailable
+from gateway.state.keys import quota_key
+from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.prices import NANO, Prices
 from gateway.telemetry.record import RequestRecord
+from gateway.tenants.identity import Identity, TenantAccess
 
 log = logging.getLogger(__name__)
 

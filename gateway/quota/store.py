@@ -30,7 +30,7 @@ across all gateway replicas (no read-modify-write race), and it is all or nothin
 request refused by one limit takes nothing from the others. Time is Redis's own (`TIME`),
 so the gateways' clocks do not matter to the buckets. A script's keys must share one hash
 slot on a Redis Cluster: every key of one tenant carries the tag `{<tenant>}`
-(gateway/redis_keys.py), and a request only ever touches its own tenant's keys.
+(gateway/state/keys.py), and a request only ever touches its own tenant's keys.
 
 Each call runs exactly once even though the client may send it twice: redis-py sends a
 command again after a connection error, which can come after Redis ran it (seen on a
@@ -48,8 +48,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from gateway.redis_client import RedisClient
-from gateway.redis_keys import quota_key
+from gateway.state.keys import quota_key
+from gateway.state.redis_client import RedisClient
 
 Unit = Literal["requests", "tokens"]
 Outcome = Literal["admitted", "rate_limited", "over_budget"]

@@ -41,17 +41,18 @@ from gateway.errors import (
     UpstreamTimeout,
     upstream_error_from_body,
 )
-from gateway.metrics import GatewayMetrics
+from gateway.fleet.engine_metrics import EngineLoad
+from gateway.fleet.replicas import Pool, Replica
 from gateway.policy import Policy
 from gateway.policy.resilience import RetrySpec
-from gateway.replicas import Pool, Replica
 from gateway.resilience.breaker import ReplicaBreaker
 from gateway.resilience.fair_share import FairQueue, Ticket
 from gateway.routing.costs import RouteRequest
-from gateway.routing.router import Decision, EngineLoad, Router
+from gateway.routing.router import Decision, Router
 from gateway.telemetry import names
+from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.record import Attempt, RequestRecord
-from gateway.upstream import ConnectFailed, Upstream, UpstreamResponse
+from gateway.upstream.client import ConnectFailed, Upstream, UpstreamResponse
 
 log = logging.getLogger(__name__)
 

@@ -34,7 +34,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from gateway.replicas import Replica
+from gateway.fleet.replicas import Replica
 
 # A waiter re-checks this often even when no slot is given back: an engine's own queue
 # (routing.max_waiting) drains without the gateway being told.

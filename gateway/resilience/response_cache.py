@@ -16,9 +16,9 @@ from typing import Any, Protocol
 import orjson
 import redis.asyncio as aioredis
 
-from gateway.redis_client import RedisClient
-from gateway.redis_keys import answer_key
-from gateway.sessions.keys import DEFAULT_TENANT
+from gateway.state.keys import answer_key
+from gateway.state.redis_client import RedisClient
+from gateway.tenants.identity import DEFAULT_TENANT
 
 log = logging.getLogger(__name__)
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from gateway.chat.messages import Message
 from gateway.errors import InvalidRequest
-from gateway.sessions.checkpoints import Message
 
 _ROLES = {"user", "assistant", "system", "developer"}
 

@@ -10,10 +10,10 @@ from typing import Any, Protocol
 import orjson
 import redis.asyncio as aioredis
 
-from gateway.redis_client import RedisClient
-from gateway.redis_keys import response_key
-from gateway.sessions.keys import DEFAULT_TENANT
-from gateway.sessions.store import StateUnavailable
+from gateway.errors import StateUnavailable
+from gateway.state.keys import response_key
+from gateway.state.redis_client import RedisClient
+from gateway.tenants.identity import DEFAULT_TENANT
 
 
 class ResponseRecords(Protocol):

@@ -19,16 +19,15 @@ from typing import Any
 import orjson
 from starlette.responses import Response, StreamingResponse
 
-from gateway.errors import InvalidRequest, NotFound
-from gateway.inbound import (
+from gateway.chat.inbound import (
     check_array_length,
     check_depth,
     check_max_tokens,
     client_schema,
     json_object,
 )
-from gateway.keys.identity import OPEN_ACCESS, Identity, TenantAccess
-from gateway.keys.settings import TenantPolicies
+from gateway.chat.messages import Message
+from gateway.errors import InvalidRequest, NotFound
 from gateway.pipeline import Pipeline
 from gateway.policy import Endpoint
 from gateway.policy.schema import LimitsSpec
@@ -42,10 +41,12 @@ from gateway.responses.convert import (
 )
 from gateway.responses.records import ResponseRecords
 from gateway.responses.stream import ResponseEvents
-from gateway.sessions.checkpoints import Message, history
-from gateway.sessions.keys import DEFAULT_TENANT, SessionRef
+from gateway.sessions.checkpoints import history
+from gateway.sessions.ids import SessionRef
 from gateway.sessions.store import CheckpointStore, fork_to_new_id
 from gateway.telemetry.record import RequestRecord
+from gateway.tenants.identity import DEFAULT_TENANT, OPEN_ACCESS, Identity, TenantAccess
+from gateway.tenants.settings import TenantPolicies
 
 
 class ResponsesService:
@@ -57,7 +58,7 @@ class ResponsesService:
         *,
         tenants: TenantPolicies | None = None,
     ) -> None:
-        """`tenants`: each tenant's limits (gateway/keys/settings.py); unset: the
+        """`tenants`: each tenant's limits (gateway/tenants/settings.py); unset: the
         pipeline's."""
         self._pipeline = pipeline
         self._checkpoints = checkpoints

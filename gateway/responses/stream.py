@@ -5,7 +5,7 @@ output item, a content part and `response.output_text.delta` per chunk; for each
 a function_call item and `response.function_call_arguments.delta`; when the engine's
 stream ends, the `.done` events, the stored record (`on_complete`, before the client hears
 of it), and `response.completed`. An engine failure mid-stream, a chunk of the wrong shape
-included (gateway/conformance.py), becomes an `error` event, and the stream ends there.
+included (gateway/chat/conformance.py), becomes an `error` event, and the stream ends there.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from typing import Any
 
 import orjson
 
-from gateway.conformance import NotAnAnswer, check_shape
+from gateway.chat.conformance import NotAnAnswer, check_shape
+from gateway.chat.sse import DONE, chat_chunks
 from gateway.responses.convert import message_item, response_object, usage_of
-from gateway.sse import DONE, chat_chunks
 
 
 class ResponseEvents:

@@ -4,16 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from gateway.fleet.engine_metrics import EngineLoads
 from gateway.policy.schema import RoutingSpec
 from gateway.routing.index import PrefixIndex
 from gateway.routing.load import LoadTracker
-from gateway.routing.router import (
-    CacheAwareRouter,
-    CacheAwareSettings,
-    EngineLoads,
-    RoundRobinRouter,
-    Router,
-)
+from gateway.routing.router import CacheAwareRouter, CacheAwareSettings, RoundRobinRouter, Router
 
 
 def build_router(

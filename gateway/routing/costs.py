@@ -13,13 +13,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from gateway.replicas import Replica
-from gateway.sessions.keys import DEFAULT_TENANT
+from gateway.fleet.replicas import Replica
+from gateway.tenants.identity import DEFAULT_TENANT
 
 
 @dataclass(frozen=True)
 class RouteRequest:
-    blocks: tuple[int, ...]  # chained prefix block hashes (routing/blocks.py)
+    blocks: tuple[int, ...]  # chained prefix block hashes (gateway/prompt/blocks.py)
     session: str | None = None
     tenant: str = DEFAULT_TENANT  # whose session: what is remembered about it is per tenant
 

@@ -22,7 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from gateway.replicas import Replica
+from gateway.fleet.engine_metrics import EngineLoad, EngineLoads
+from gateway.fleet.replicas import Replica
 from gateway.routing.costs import (
     COSTS,
     Candidate,
@@ -34,17 +35,6 @@ from gateway.routing.costs import (
 from gateway.routing.index import PrefixIndex
 from gateway.routing.load import LoadTracker
 from gateway.routing.openings import ConversationOpenings
-
-
-@dataclass(frozen=True)
-class EngineLoad:
-    waiting: int = 0
-    kv_usage: float = 0.0
-
-
-class EngineLoads(Protocol):
-    def get(self, url: str) -> EngineLoad | None: ...
-
 
 _IDLE = EngineLoad()  # a replica not scraped (yet) counts as idle
 

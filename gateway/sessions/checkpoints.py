@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 import orjson
 
-Message = dict[str, Any]
+from gateway.chat.messages import Message
 
 
 @dataclass(frozen=True)

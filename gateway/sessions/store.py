@@ -18,18 +18,12 @@ from typing import Protocol
 
 import redis.asyncio as aioredis
 
-from gateway.errors import Conflict, GatewayError
-from gateway.redis_client import RedisClient
+from gateway.errors import Conflict, StateUnavailable
 from gateway.sessions.checkpoints import Checkpoint
-from gateway.sessions.keys import MAX_ID_LENGTH, SessionRef
+from gateway.sessions.ids import MAX_ID_LENGTH, SessionRef
+from gateway.state.redis_client import RedisClient
 
 _NEW_ID_TRIES = 5
-
-
-class StateUnavailable(GatewayError):
-    status = 503
-    error_type = "service_unavailable"
-    default_code = "state_store_unavailable"
 
 
 class CheckpointStore(Protocol):

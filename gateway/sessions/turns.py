@@ -14,16 +14,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
+from gateway.chat.messages import Message
+from gateway.chat.replies import normalise
 from gateway.errors import InvalidRequest
-from gateway.sessions.checkpoints import (
-    Checkpoint,
-    Message,
-    history,
-    new_messages,
-    split_engine_request,
-)
-from gateway.sessions.keys import SessionRef
-from gateway.sessions.replies import normalise
+from gateway.sessions.checkpoints import Checkpoint, history, new_messages, split_engine_request
+from gateway.sessions.ids import SessionRef
 from gateway.sessions.store import CheckpointStore
 from gateway.trimming.conversation import latest_states
 from gateway.trimming.trim import Trimmed, Trimmer
@@ -62,7 +57,7 @@ class SessionTurns:
         tenant_trimmers: Mapping[str, Trimmer | None] | None = None,
     ) -> None:
         """`tenant_trimmers`: the tenants whose trimming differs from `trimmer`'s (off:
-        None), by name (gateway/trimming/tenants.py)."""
+        None), by name (gateway/trimming/per_tenant.py)."""
         self.store = store
         self.trimmer = trimmer
         self._tenant_trimmers = tenant_trimmers or {}

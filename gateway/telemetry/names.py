@@ -64,7 +64,7 @@ COST_USD = "gateway.cost_usd"
 OVERHEAD_MS = "gateway.overhead_ms"
 
 # Human approval of tool calls (gateway/approvals/): on the request's `approval` span,
-# and on a decision's `approval.decide` span (gateway/telemetry/decisions.py).
+# and on a decision's `approval.decide` span (gateway/telemetry/approval_spans.py).
 APPROVAL_ID = "gateway.approval.id"
 # `approval`: held, pending, released, denial_returned, expiry_returned;
 # `approval.decide`: approved or denied (absent when the decision was refused).

@@ -14,10 +14,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from gateway.conformance import check_shape
-from gateway.inbound import InboundRequest
-from gateway.sessions.keys import DEFAULT_TENANT
-from gateway.sse import chat_chunks
+from gateway.chat.conformance import check_shape
+from gateway.chat.inbound import InboundRequest
+from gateway.chat.sse import chat_chunks
+from gateway.tenants.identity import DEFAULT_TENANT
 
 AttemptOutcome = Literal["ok", "failed", "released", "refused", "pending"]
 

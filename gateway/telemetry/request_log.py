@@ -17,8 +17,8 @@ from typing import Any
 
 import orjson
 
-from gateway.redaction import redact
 from gateway.telemetry.record import RequestRecord
+from gateway.telemetry.redaction import redact
 
 
 class RequestLog:
@@ -54,7 +54,7 @@ def log_entry(record: RequestRecord) -> dict[str, Any]:
     return {
         "ts": round(record.wall_start_ns / 1e9, 3),
         # The two strings a client chooses (X-Request-Id, the session key): a key sent
-        # there by mistake is not written down (gateway/redaction.py).
+        # there by mistake is not written down (gateway/telemetry/redaction.py).
         "request_id": redact(record.request_id),
         "trace_id": record.trace.trace_id_hex,
         "tenant": record.tenant,

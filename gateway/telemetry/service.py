@@ -1,7 +1,7 @@
 """Telemetry: starts a request's record, and when the response has been sent turns it into
 metrics, the dashboard's figures, usage and cost counts, a request-log line and (when
 the trace is sampled) spans. A reviewer's decision on a held tool call is traced on its
-own (`decision`, gateway/telemetry/decisions.py).
+own (`decision`, gateway/telemetry/approval_spans.py).
 """
 
 from __future__ import annotations
@@ -15,17 +15,18 @@ from typing import Any, TypeVar
 from opentelemetry.sdk.trace import SpanProcessor
 from prometheus_client import Counter, Histogram
 
-from gateway.metrics import GatewayMetrics
 from gateway.periodic import Periodic
 from gateway.policy import Policy
-from gateway.sessions.keys import DEFAULT_TENANT, SessionRef
-from gateway.telemetry.decisions import DecisionRecord
+from gateway.sessions.ids import SessionRef
+from gateway.telemetry.approval_spans import DecisionRecord
 from gateway.telemetry.live import LiveStats
+from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.prices import NANO, Prices, Spend
 from gateway.telemetry.record import RequestRecord, TraceContext
 from gateway.telemetry.request_log import RequestLog
 from gateway.telemetry.spans import SpanWriter, otlp_processor, traces_settings
 from gateway.telemetry.usage import UsageBook, UsageLedger, day_of
+from gateway.tenants.identity import DEFAULT_TENANT
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,8 @@ path stored: one root span (SERVER) with the GenAI attributes, a child per pipel
 and one per engine attempt (CLIENT; its id is the parent vLLM sees in `traceparent`).
 Building them afterwards keeps the SDK's per-span cost (70-150 us each, measured) out of
 the time the client waits; the batch processor exports them from its own thread.
-A reviewer's decision on a held tool call is one span of its own (gateway/telemetry/decisions.py).
+A reviewer's decision on a held tool call is one span of its own
+(gateway/telemetry/approval_spans.py).
 """
 
 from __future__ import annotations
@@ -23,11 +24,11 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from gateway.policy.telemetry import TracesSpec
-from gateway.redaction import redact
 from gateway.telemetry import names
-from gateway.telemetry.decisions import SPAN_NAME as DECISION_SPAN
-from gateway.telemetry.decisions import DecisionRecord
+from gateway.telemetry.approval_spans import SPAN_NAME as DECISION_SPAN
+from gateway.telemetry.approval_spans import DecisionRecord
 from gateway.telemetry.record import RequestRecord
+from gateway.telemetry.redaction import redact
 
 log = logging.getLogger(__name__)
 
@@ -191,7 +192,7 @@ class SpanWriter:
         if record.trimmed_tokens or record.trim_fell_back:
             attributes[names.TRIMMED_TOKENS] = record.trimmed_tokens
             attributes[names.TRIM_FELL_BACK] = record.trim_fell_back
-        # record.capture: off for a tenant that did not opt in (gateway/auth.py).
+        # record.capture: off for a tenant that did not opt in (gateway/edge/auth.py).
         # Redacted: a key pasted into a prompt does not reach the trace store.
         if self._capture and record.capture:
             if record.input_messages is not None:

@@ -24,9 +24,9 @@ from redis.asyncio.cluster import RedisCluster
 from redis.crc import key_slot
 from redis.exceptions import RedisError
 
-from gateway.redis_client import RedisClient
-from gateway.redis_keys import USAGE_TENANTS_KEY, usage_day_key
-from gateway.sessions.keys import SessionRef
+from gateway.sessions.ids import SessionRef
+from gateway.state.keys import USAGE_TENANTS_KEY, usage_day_key
+from gateway.state.redis_client import RedisClient
 from gateway.telemetry.prices import NANO
 
 log = logging.getLogger(__name__)

@@ -17,10 +17,10 @@ from typing import Any
 
 import orjson
 
+from gateway.chat.inbound import RESPONSE_SCHEMA_PARAM, response_format_schema
+from gateway.chat.messages import Message
 from gateway.errors import InvalidRequest
-from gateway.inbound import RESPONSE_SCHEMA_PARAM, response_format_schema
 from gateway.policy.tiering import GuardrailSpec
-from gateway.sessions.checkpoints import Message
 from gateway.untrusted.regex import LinearRegex
 from gateway.untrusted.schemas import ClientSchema, TooCostly
 

@@ -18,14 +18,14 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from gateway.errors import ModelNotFound
+from gateway.fleet.replicas import Fleet, Pool, Replica
 from gateway.policy import Endpoint, Policy
 from gateway.policy.tenant_overrides import TierClamps
 from gateway.policy.tiering import TieringSpec
-from gateway.replicas import Fleet, Pool, Replica
 from gateway.routing.costs import RouteRequest
 from gateway.tiering.checks import OutputChecks, checks_for
-from gateway.tiering.memory import SessionTiers
 from gateway.tiering.rules import Rules, facts_of
+from gateway.tiering.stickiness import SessionTiers
 from gateway.untrusted.schemas import ClientSchema
 
 
@@ -129,7 +129,7 @@ class TierChooser:
         """`clamps`: the tiers the caller's tenant may not use, per routable alias, and
         where such a choice goes instead (gateway/policy/tenant_overrides.py).
         `response_schema`: the body's `json_schema` response format, prepared when the
-        request was parsed (gateway/inbound.py); prepared again when not given."""
+        request was parsed (gateway/chat/inbound.py); prepared again when not given."""
         route = self._routes.get(alias)
         if route is None:
             pool = self._fleet.pool_for(alias, endpoint)

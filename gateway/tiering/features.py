@@ -94,7 +94,8 @@ NUMERIC_NAMES: tuple[str, ...] = (
 
 
 # How much work a question asks for, read the same way in any domain (no subject words, no
-# answer-format or style cues): the difficulty head of `gateway.tiering.train` sees only these.
+# answer-format or style cues): the difficulty head of `gateway.offline.route_train.train`
+# sees only these.
 _DIFFICULTY = _words(
     "log_words sentences clauses numbers distinct_numbers quantities step_words question_marks"
 )

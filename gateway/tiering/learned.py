@@ -3,7 +3,7 @@
 `score(text)` is probability-like, higher when the small tier is good enough. The shipped
 artifact (`artifacts/router-v1.npz`, trained on RouteLLM's MMLU and GSM8K labels) is
 shifted so that 0.5 is where routing kept 95% of the large tier's quality on prompts from
-groups its training folds had not seen; see `gateway.tiering.train`. Whatever heads the
+groups its training folds had not seen; see `gateway.offline.route_train.train`. Whatever heads the
 trainer fitted, the artifact holds their sum: one linear logit over the prompt's features.
 
 An artifact is one `.npz` (loaded with `allow_pickle=False`): the weight arrays, and a

@@ -12,8 +12,8 @@ from typing import Any
 
 import orjson
 
+from gateway.chat.messages import Message
 from gateway.policy.sessions import StateToolSpec
-from gateway.sessions.checkpoints import Message
 from gateway.untrusted.schemas import TooCostly
 
 

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Protocol
 
-from gateway.sessions.checkpoints import Message
+from gateway.chat.messages import Message
 
 
 class TokenCounter(Protocol):

@@ -26,8 +26,8 @@ from typing import Any
 import jsonpatch
 import orjson
 
+from gateway.chat.messages import Message
 from gateway.policy.sessions import TrimmingSpec
-from gateway.sessions.checkpoints import Message
 from gateway.trimming.conversation import (
     Snapshot,
     prefix_length,

@@ -35,7 +35,7 @@ import referencing.exceptions
 import referencing.jsonschema
 from jsonschema.protocols import Validator
 
-from gateway.json_depth import deeper_by_walk
+from gateway.untrusted.json_depth import deeper_by_walk
 from gateway.untrusted.keywords import (
     REFERENCES,
     escape,

@@ -23,9 +23,9 @@ import orjson
 import redis.asyncio as aioredis
 
 from engine.supervisor import ROOT
-from gateway.replay.sim import percentile
-from gateway.sessions.keys import SessionRef
-from gateway.sessions.replies import normalise
+from gateway.chat.replies import normalise
+from gateway.offline.replay.sim import percentile
+from gateway.sessions.ids import SessionRef
 from gateway.sessions.store import RedisCheckpoints
 from gateway.sessions.turns import SessionTurns
 from tests.bench.report import write_report

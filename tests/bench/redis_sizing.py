@@ -34,19 +34,19 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from engine.supervisor import ROOT, free_port
-from gateway.canonical import fingerprint
+from gateway.chat.replies import normalise
 from gateway.policy.sessions import SessionsSpec
-from gateway.prefix_watch import RedisFingerprints
+from gateway.prompt.canonical import fingerprint
+from gateway.prompt.prefix_watch import RedisFingerprints
 from gateway.responses.convert import output_items, response_object, usage_of
 from gateway.responses.records import RedisResponseRecords
-from gateway.sessions.keys import SessionRef
-from gateway.sessions.replies import normalise
+from gateway.sessions.ids import SessionRef
 from gateway.sessions.store import RedisCheckpoints
 from gateway.sessions.turns import SessionTurns
-from gateway.state_store import redis_server_binary
+from gateway.state.store import redis_server_binary
 from gateway.telemetry.prices import Spend
 from gateway.telemetry.usage import RedisUsageLedger, UsageBook
-from gateway.tiering.memory import RedisSessionTiers
+from gateway.tiering.stickiness import RedisSessionTiers
 from tests.bench.report import write_report
 
 DATA = ROOT.parent / "shared" / "data" / "agent-trajectories" / "tau_bench_airline_dev.jsonl"

@@ -26,7 +26,7 @@ Candidates: the shipped design (its two heads, trained as `route-train` trains t
 encoder alone (a logistic regression on the embedding predicting the small tier's
 advantage, as the shipped advantage head does, or that plus `DIFFICULTY_WEIGHT` times one
 predicting the small tier is right); and the shipped design's logit plus w times the
-encoder's advantage logit. Figures are small_share_at_95 (see `gateway.tiering.evaluate`).
+encoder's advantage logit. Figures are small_share_at_95 (see `gateway.offline.route_eval`).
 Writes tests/bench/results/route_encoders.json. A benchmark, not a test.
 """
 
@@ -43,10 +43,10 @@ from typing import Any
 import numpy as np
 
 from engine.supervisor import ROOT
-from gateway.tiering.evaluate import random_small_share_at, small_share_at
-from gateway.tiering.labels import LabeledPrompt, read_labels
-from gateway.tiering.lbfgs import minimise
-from gateway.tiering.train import Design, TrainConfig, Vector, fit, grouped_folds
+from gateway.offline.route_eval import random_small_share_at, small_share_at
+from gateway.offline.route_train.labels import LabeledPrompt, read_labels
+from gateway.offline.route_train.lbfgs import minimise
+from gateway.offline.route_train.train import Design, TrainConfig, Vector, fit, grouped_folds
 from tests.bench.report import write_report
 from tests.bench.route_eval import LABELS
 

@@ -21,9 +21,9 @@ import random
 import time
 
 from engine.supervisor import ROOT
-from gateway.replay.sim import percentile
-from gateway.tiering.evaluate import route_eval, table
-from gateway.tiering.labels import read_labels
+from gateway.offline.replay.sim import percentile
+from gateway.offline.route_eval import route_eval, table
+from gateway.offline.route_train.labels import read_labels
 from gateway.tiering.learned import LearnedRouter
 from tests.bench.report import write_report
 from tests.conftest import SHARED_DATA

@@ -21,12 +21,12 @@ import time
 from typing import Any
 
 from engine.supervisor import ROOT
-from gateway.canonical import Canonicalizer
+from gateway.fleet.replicas import Replica
+from gateway.offline.replay.sim import percentile
 from gateway.policy.canonicalize import CanonicalizeSpec
 from gateway.policy.schema import RoutingSpec
-from gateway.replay.sim import percentile
-from gateway.replicas import Replica
-from gateway.routing.blocks import conversation_key, request_blocks
+from gateway.prompt.blocks import conversation_key, request_blocks
+from gateway.prompt.canonical import Canonicalizer
 from gateway.routing.build import build_router
 from gateway.routing.costs import RouteRequest
 from tests.bench.report import write_report

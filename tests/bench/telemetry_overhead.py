@@ -31,7 +31,7 @@ from typing import Any
 import httpx
 
 from engine.supervisor import free_port
-from gateway.replay.sim import percentile
+from gateway.offline.replay.sim import percentile
 from tests.bench.report import write_report
 from tests.fault.harness import ROOT, running_upstreams
 

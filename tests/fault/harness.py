@@ -19,7 +19,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine.supervisor import free_port
-from gateway.replicas import Replica
+from gateway.fleet.replicas import Replica
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -42,7 +42,7 @@ from typing import Any, Literal
 import aiohttp
 import orjson
 
-from gateway.replay.sim import percentile
+from gateway.offline.replay.sim import percentile
 from tests.fault.harness import ROOT, FaultUpstream, gateway_policy, running_upstreams
 from tests.integration.conftest import running_gateway
 

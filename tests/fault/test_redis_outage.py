@@ -25,7 +25,7 @@ import pytest
 import redis
 
 from engine.supervisor import free_port
-from gateway.state_store import redis_server_binary
+from gateway.state.store import redis_server_binary
 from tests.fault.conftest import Upstreams
 from tests.fault.harness import gateway_policy
 from tests.integration.conftest import Gateway, running_gateway

@@ -29,10 +29,10 @@ from engine.supervisor import free_port
 from gateway.app import create_app
 from gateway.policy import parse_policy
 from gateway.policy.sessions import StateSpec
-from gateway.redis_client import GatedRedisCluster
-from gateway.redis_keys import USAGE_TENANTS_KEY, session_key, usage_day_key
-from gateway.sessions.keys import SessionRef
-from gateway.state_store import StateStore
+from gateway.sessions.ids import SessionRef
+from gateway.state.keys import USAGE_TENANTS_KEY, session_key, usage_day_key
+from gateway.state.redis_client import GatedRedisCluster
+from gateway.state.store import StateStore
 from gateway.telemetry.usage import RedisUsageLedger, UsageBook, UsageNotWritten
 from tests.fakes import Call, FakeUpstream, Scripted
 

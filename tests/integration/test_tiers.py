@@ -20,7 +20,7 @@ from openai.types.chat import ChatCompletionMessageParam
 from openai.types.shared_params import ResponseFormatJSONSchema
 from pydantic import BaseModel
 
-from gateway.redis_keys import session_tier_key
+from gateway.state.keys import session_tier_key
 from gateway.tiering.learned import LearnedRouter
 from tests.integration.conftest import Engines, Gateway, running_gateway
 

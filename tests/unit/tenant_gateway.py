@@ -14,7 +14,7 @@ from starlette.testclient import TestClient
 
 from gateway.app import create_app
 from gateway.policy import Policy, parse_policy
-from gateway.state_store import StateStore
+from gateway.state.store import StateStore
 from tests.fakes import Call, FakeUpstream, Scripted
 
 

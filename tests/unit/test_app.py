@@ -12,9 +12,9 @@ import pytest
 from starlette.testclient import TestClient
 
 from gateway.app import create_app
+from gateway.offline.replay.traces import read_trace
 from gateway.policy import Policy, parse_policy
-from gateway.replay.traces import read_trace
-from gateway.state_store import StateStore
+from gateway.state.store import StateStore
 from tests.fakes import Call, FakeUpstream, Scripted
 from tests.unit.clients import OpenGateways
 

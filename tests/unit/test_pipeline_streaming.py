@@ -11,16 +11,16 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import StreamingResponse
 from starlette.types import Message, Scope
 
-from gateway.metrics import GatewayMetrics
+from gateway.fleet.replicas import Fleet
 from gateway.pipeline import Pipeline
 from gateway.policy import Endpoint, parse_policy
-from gateway.prefix_watch import MemoryFingerprints
-from gateway.replicas import Fleet
+from gateway.prompt.prefix_watch import MemoryFingerprints
 from gateway.request_context import RequestContext
 from gateway.routing.router import RoundRobinRouter
-from gateway.sessions.keys import SessionRef
+from gateway.sessions.ids import SessionRef
 from gateway.sessions.store import MemoryCheckpoints
 from gateway.sessions.turns import SessionTurns
+from gateway.telemetry.metrics import GatewayMetrics
 from tests.fakes import Call, FakeUpstream, Scripted
 
 POLICY = parse_policy(

@@ -26,12 +26,12 @@ from starlette.testclient import TestClient
 from engine.supervisor import free_port
 from gateway.app import create_app
 from gateway.cli import main as gateway_cli
-from gateway.discovery import LookupFailed
+from gateway.fleet.discovery import LookupFailed
 from gateway.policy import PolicyError, parse_policy
 from gateway.policy.reloadable import load_policy_file, needs_restart
 from gateway.reload import PolicyReloader
 from gateway.runtime import Runtime
-from gateway.state_store import StateStore
+from gateway.state.store import StateStore
 from tests.conftest import ROOT
 from tests.fakes import Call, FakeUpstream, Scripted
 

@@ -24,7 +24,7 @@ from starlette.testclient import TestClient
 from gateway.app import create_app
 from gateway.approvals.records import Approval, new_approval_id
 from gateway.policy import parse_policy
-from gateway.state_store import StateStore
+from gateway.state.store import StateStore
 from tests.conftest import SHARED_DATA
 from tests.fakes import Call, FakeUpstream, Scripted
 from tests.unit.tenant_gateway import forget_tenants, sha256

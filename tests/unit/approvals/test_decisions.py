@@ -12,9 +12,9 @@ from gateway.approvals.audit import AuditLog
 from gateway.approvals.decisions import Approvals
 from gateway.approvals.store import RedisApprovals
 from gateway.errors import Conflict, NotFound, PermissionDenied
-from gateway.keys.identity import Identity
-from gateway.metrics import GatewayMetrics
-from gateway.telemetry.decisions import DecisionRecord
+from gateway.telemetry.approval_spans import DecisionRecord
+from gateway.telemetry.metrics import GatewayMetrics
+from gateway.tenants.identity import Identity
 from tests.unit.approvals.conftest import OpenHeld, pending_approval, user
 
 ASK = [user("Cancel reservation ZFA04Y.")]

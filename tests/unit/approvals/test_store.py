@@ -11,7 +11,7 @@ import redis.asyncio as aioredis
 
 from gateway.approvals.records import Closing, Decision
 from gateway.approvals.store import RedisApprovals
-from gateway.sessions.keys import SessionRef
+from gateway.sessions.ids import SessionRef
 from tests.unit.approvals.conftest import pending_approval
 
 approval = pending_approval  # the one these tests hold

@@ -18,9 +18,9 @@ import redis.asyncio as aioredis
 from starlette.testclient import TestClient
 
 from gateway.cli import main
-from gateway.keys.runtime import RedisKeys
 from gateway.policy import parse_policy
 from gateway.policy.quota import RateLimitSpec
+from gateway.tenants.stored_keys import RedisKeys
 from tests.fakes import Call, FakeUpstream, Scripted
 from tests.unit.asgi_calls import call
 from tests.unit.clients import OpenGateways

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from gateway.quota.store import Bucket, Period, RedisQuotaStore
-from gateway.redis_client import GatedRedisCluster
-from gateway.redis_keys import quota_key
+from gateway.state.keys import quota_key
+from gateway.state.redis_client import GatedRedisCluster
 from tests.integration.test_redis_cluster import LocalCluster, _start_cluster
 
 

@@ -8,17 +8,17 @@ import orjson
 import pytest
 
 from gateway.errors import BudgetExceeded, RateLimited
-from gateway.keys.identity import Identity, TenantAccess
-from gateway.metrics import GatewayMetrics
+from gateway.fleet.replicas import Fleet
 from gateway.pipeline import Pipeline
 from gateway.policy import Endpoint, Policy, parse_policy
-from gateway.prefix_watch import MemoryFingerprints
+from gateway.prompt.prefix_watch import MemoryFingerprints
 from gateway.quota.memory import MemoryQuotaStore
 from gateway.quota.service import Grant, Quota
-from gateway.replicas import Fleet
 from gateway.request_context import RequestContext
 from gateway.routing.router import RoundRobinRouter
+from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.record import RequestRecord
+from gateway.tenants.identity import Identity, TenantAccess
 from tests.fakes import Call, FakeUpstream, Scripted
 from tests.unit.quota.models import TWO_MODELS
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.keys.tenants import Tenants
 from gateway.policy import PolicyError, load_policy, parse_policy
+from gateway.tenants.directory import Tenants
 from tests.unit.quota.models import TWO_MODELS
 
 BASE = TWO_MODELS + "tenants:\n  acme:\n"

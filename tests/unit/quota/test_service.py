@@ -9,10 +9,8 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.errors import BudgetExceeded, RateLimited
-from gateway.inbound import InboundRequest, parse_request
-from gateway.keys.identity import Identity, TenantAccess
-from gateway.metrics import GatewayMetrics
+from gateway.chat.inbound import InboundRequest, parse_request
+from gateway.errors import BudgetExceeded, RateLimited, StateUnavailable
 from gateway.policy import Endpoint, Policy, parse_policy
 from gateway.policy.quota import RateLimitSpec
 from gateway.quota.estimate import estimate_tokens
@@ -20,8 +18,9 @@ from gateway.quota.headers import go_duration, retry_after
 from gateway.quota.memory import MemoryQuotaStore
 from gateway.quota.service import Grant, Quota
 from gateway.quota.store import Verdict
-from gateway.sessions.store import StateUnavailable
+from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.record import RequestRecord
+from gateway.tenants.identity import Identity, TenantAccess
 
 POLICY = """\
 version: 1

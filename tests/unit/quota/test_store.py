@@ -13,7 +13,7 @@ import redis.asyncio as aioredis
 from redis.crc import key_slot
 
 from gateway.quota.store import ADMIT, SETTLE, Bucket, Period, QuotaStore, RedisQuotaStore
-from gateway.redis_keys import quota_key
+from gateway.state.keys import quota_key
 
 
 def requests_bucket(tenant: str, capacity: int, part: str = "tenant") -> Bucket:

@@ -9,15 +9,16 @@ import orjson
 import pytest
 
 from gateway.errors import Overloaded
-from gateway.metrics import GatewayMetrics
+from gateway.fleet.engine_metrics import EngineLoad
+from gateway.fleet.replicas import Fleet
 from gateway.pipeline import Pipeline
 from gateway.policy import Endpoint, Policy, parse_policy
-from gateway.prefix_watch import MemoryFingerprints
-from gateway.replicas import Fleet
+from gateway.prompt.prefix_watch import MemoryFingerprints
 from gateway.request_context import RequestContext
 from gateway.resilience.dispatcher import Dispatcher
 from gateway.resilience.response_cache import cache_key
-from gateway.routing.router import EngineLoad, RoundRobinRouter
+from gateway.routing.router import RoundRobinRouter
+from gateway.telemetry.metrics import GatewayMetrics
 from tests.fakes import Call, FakeUpstream, Scripted
 from tests.unit.clients import OpenGateways
 

@@ -9,15 +9,15 @@ import orjson
 import pytest
 
 from gateway.errors import Overloaded
-from gateway.keys.identity import TenantAccess
-from gateway.metrics import GatewayMetrics
+from gateway.fleet.replicas import Fleet, Replica
 from gateway.pipeline import Pipeline
 from gateway.policy import Endpoint, parse_policy
-from gateway.prefix_watch import MemoryFingerprints
-from gateway.replicas import Fleet, Replica
+from gateway.prompt.prefix_watch import MemoryFingerprints
 from gateway.request_context import RequestContext
 from gateway.resilience.fair_share import FairQueue
 from gateway.routing.router import RoundRobinRouter
+from gateway.telemetry.metrics import GatewayMetrics
+from gateway.tenants.identity import TenantAccess
 from tests.fakes import FakeUpstream, Scripted
 
 

@@ -9,18 +9,18 @@ import orjson
 import pytest
 from starlette.responses import Response, StreamingResponse
 
-from gateway.errors import GatewayError
-from gateway.metrics import GatewayMetrics
+from gateway.errors import GatewayError, StateUnavailable
+from gateway.fleet.replicas import Fleet
 from gateway.pipeline import Pipeline
 from gateway.policy import Endpoint, Policy, parse_policy
-from gateway.prefix_watch import MemoryFingerprints
-from gateway.replicas import Fleet
+from gateway.prompt.prefix_watch import MemoryFingerprints
 from gateway.request_context import RequestContext
 from gateway.routing.router import RoundRobinRouter
 from gateway.sessions.checkpoints import Checkpoint
-from gateway.sessions.keys import SessionRef
-from gateway.sessions.store import MemoryCheckpoints, StateUnavailable
+from gateway.sessions.ids import SessionRef
+from gateway.sessions.store import MemoryCheckpoints
 from gateway.sessions.turns import SessionTurns
+from gateway.telemetry.metrics import GatewayMetrics
 from tests.fakes import Call, FakeUpstream, Scripted
 
 POLICY = """\

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.replicas import Replica
+from gateway.fleet.replicas import Replica
 from gateway.routing.costs import (
     Candidate,
     RouteRequest,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.routing.blocks import chain_hashes, conversation_key, request_blocks
+from gateway.prompt.blocks import chain_hashes, conversation_key, request_blocks
 from gateway.routing.index import PrefixIndex
 from gateway.routing.load import LoadTracker
 

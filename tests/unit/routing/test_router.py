@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.replicas import Replica
+from gateway.fleet.engine_metrics import EngineLoad
+from gateway.fleet.replicas import Replica
 from gateway.routing.costs import RouteRequest
 from gateway.routing.index import PrefixIndex
 from gateway.routing.load import LoadTracker
 from gateway.routing.router import (
     CacheAwareRouter,
     CacheAwareSettings,
-    EngineLoad,
     RoundRobinRouter,
     rendezvous,
 )

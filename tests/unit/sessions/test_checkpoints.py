@@ -7,6 +7,7 @@ from typing import Any
 import orjson
 import pytest
 
+from gateway.chat.replies import ReplyCollector, normalise, reply_from_completion
 from gateway.errors import InvalidRequest
 from gateway.policy.sessions import SessionsSpec
 from gateway.sessions.checkpoints import (
@@ -16,8 +17,7 @@ from gateway.sessions.checkpoints import (
     new_messages,
     split_engine_request,
 )
-from gateway.sessions.keys import SessionRef, session_for
-from gateway.sessions.replies import ReplyCollector, normalise, reply_from_completion
+from gateway.sessions.ids import SessionRef, session_for
 from gateway.sessions.turns import context_mode
 
 SYSTEM: dict[str, Any] = {"role": "system", "content": "Be brief."}

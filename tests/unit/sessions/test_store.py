@@ -11,14 +11,10 @@ import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
+from gateway.errors import StateUnavailable
 from gateway.sessions.checkpoints import Checkpoint
-from gateway.sessions.keys import SessionRef
-from gateway.sessions.store import (
-    CheckpointStore,
-    MemoryCheckpoints,
-    RedisCheckpoints,
-    StateUnavailable,
-)
+from gateway.sessions.ids import SessionRef
+from gateway.sessions.store import CheckpointStore, MemoryCheckpoints, RedisCheckpoints
 
 
 def turn(text: str) -> Checkpoint:

@@ -12,9 +12,9 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway.offline.replay.traces import read_trace
 from gateway.policy import parse_policy
 from gateway.policy.telemetry import PriceSpec
-from gateway.replay.traces import read_trace
 from gateway.telemetry.prices import Prices
 from gateway.telemetry.record import RequestRecord
 from gateway.telemetry.usage import (

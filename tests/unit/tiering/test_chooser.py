@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 
 from gateway.errors import ModelNotFound
+from gateway.fleet.replicas import Fleet, Replica
 from gateway.policy import Endpoint, Policy, parse_policy
-from gateway.replicas import Fleet, Replica
 from gateway.routing.costs import RouteRequest
 from gateway.tiering.chooser import TierChooser
-from gateway.tiering.memory import MemorySessionTiers
+from gateway.tiering.stickiness import MemorySessionTiers
 
 POLICY = """\
 version: 1

@@ -11,16 +11,8 @@ import numpy as np
 import pytest
 
 from gateway.cli import main
-from gateway.tiering.features import (
-    DIFFICULTY_NAMES,
-    HEAD_CHARS,
-    NUMERIC_NAMES,
-    TAIL_CHARS,
-    extract,
-)
-from gateway.tiering.labels import LabelError, read_labels
-from gateway.tiering.learned import ArtifactError, LearnedRouter
-from gateway.tiering.train import (
+from gateway.offline.route_train.labels import LabelError, read_labels
+from gateway.offline.route_train.train import (
     ADVANTAGE,
     DIFFICULTY,
     Design,
@@ -29,6 +21,14 @@ from gateway.tiering.train import (
     fit_head,
     train_router,
 )
+from gateway.tiering.features import (
+    DIFFICULTY_NAMES,
+    HEAD_CHARS,
+    NUMERIC_NAMES,
+    TAIL_CHARS,
+    extract,
+)
+from gateway.tiering.learned import ArtifactError, LearnedRouter
 
 
 def write_labels(path: Path) -> Path:

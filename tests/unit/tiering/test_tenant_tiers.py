@@ -6,13 +6,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from gateway.fleet.replicas import Fleet, Replica
 from gateway.policy import Endpoint, parse_policy
 from gateway.policy.tenant_checks import tiers_of
 from gateway.policy.tenant_overrides import tier_clamps
-from gateway.replicas import Fleet, Replica
 from gateway.routing.costs import RouteRequest
 from gateway.tiering.chooser import TierChooser
-from gateway.tiering.memory import MemorySessionTiers
+from gateway.tiering.stickiness import MemorySessionTiers
 
 POLICY = parse_policy("""\
 version: 1

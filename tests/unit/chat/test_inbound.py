@@ -1,0 +1,123 @@
+"""Inbound bodies: bad JSON and missing or mistyped fields are 400s naming the field."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from gateway.chat.inbound import parse_request
+from gateway.errors import InvalidRequest
+from gateway.policy import Endpoint
+from gateway.prompt.blocks import prompt_bytes
+
+CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def bad(endpoint: Endpoint, raw: bytes) -> InvalidRequest:
+    with pytest.raises(InvalidRequest) as caught:
+        parse_request(endpoint, raw)
+    return caught.value
+
+
+def test_valid_chat_request_is_parsed_and_raw_bytes_kept() -> None:
+    raw = orjson.dumps(
+        {**CHAT, "stream": True, "stream_options": {"include_usage": True}, "x_custom": 1}
+    )
+    request = parse_request(Endpoint.chat, raw)
+    assert request.model == "tiny"
+    assert request.stream is True
+    assert request.body_for("tiny") is raw  # nothing to change: bytes untouched
+
+
+def test_model_rewrite_keeps_every_other_field() -> None:
+    raw = orjson.dumps(
+        {**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}], "seed": 3}
+    )
+    sent = orjson.loads(parse_request(Endpoint.chat, raw).body_for("served-name"))
+    assert sent["model"] == "served-name"
+    assert sent["seed"] == 3
+    assert sent["tools"][0]["function"]["name"] == "f"
+
+
+@pytest.mark.parametrize(
+    ("raw", "param", "code"),
+    [
+        (b"{not json", None, "invalid_json"),
+        (b"", None, "invalid_json"),
+        (b"[1, 2]", None, "invalid_json"),
+        (b'{"messages": []}', "model", "missing_required_parameter"),
+        (b'{"model": 5, "messages": []}', "model", "invalid_type"),
+        (b'{"model": "m"}', "messages", "missing_required_parameter"),
+        (b'{"model": "m", "messages": "hi"}', "messages", "invalid_type"),
+        (b'{"model": "m", "messages": []}', "messages", "empty_array"),
+        (
+            b'{"model": "m", "messages": [{"content": "x"}]}',
+            "messages[0].role",
+            "missing_required_parameter",
+        ),
+        (b'{"model": "m", "messages": [{"role": "wizard"}]}', "messages[0].role", "invalid_value"),
+        (
+            b'{"model": "m", "messages": [{"role": "user"}], "stream": "yes"}',
+            "stream",
+            "invalid_type",
+        ),
+        (
+            b'{"model": "m", "messages": [{"role": "user"}], "tools": [{"type": "function"}]}',
+            "tools[0].function",
+            "missing_required_parameter",
+        ),
+        (
+            b'{"model": "m", "messages": [{"role": "user"}], "stream_options": {"include_usage": true}}',
+            "stream_options",
+            "invalid_value",
+        ),
+    ],
+)
+def test_chat_rejections_name_the_field(raw: bytes, param: str | None, code: str) -> None:
+    error = bad(Endpoint.chat, raw)
+    assert error.status == 400
+    assert error.param == param
+    assert error.code == code
+
+
+def test_completions_need_prompt() -> None:
+    assert bad(Endpoint.completions, b'{"model": "m"}').param == "prompt"
+
+
+def test_embeddings_need_input_and_cannot_stream() -> None:
+    assert bad(Endpoint.embeddings, b'{"model": "m"}').param == "input"
+    assert (
+        bad(Endpoint.embeddings, b'{"model": "m", "input": "x", "stream": true}').param == "stream"
+    )
+
+
+@pytest.mark.parametrize("first", ["system", "user"])
+def test_the_engine_body_reuses_the_serialised_messages(first: str) -> None:
+    """Once prefix hashing serialised the messages, the engine's body is spliced from
+    those bytes: the same JSON as serialising the body again, every field kept."""
+    raw = orjson.dumps(
+        {
+            "model": "auto",
+            "messages": [
+                {"role": first, "content": 'You book flights. é \u2028 "quoted"'},
+                {"role": "user", "content": "Change my flight", "name": "ana"},
+            ],
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+            "temperature": 0,
+            "metadata": {"model": "auto"},  # a nested `model` is never touched
+        }
+    )
+    request = parse_request(Endpoint.chat, raw)
+    plain = orjson.loads(request.body_for("served"))
+    assert request.messages_json == orjson.dumps(request.body["messages"])
+    spliced = request.body_for("served")
+    assert orjson.loads(spliced) == plain
+    assert plain == {**orjson.loads(raw), "model": "served"}
+
+
+def test_prompt_bytes_cut_from_the_serialised_messages_match_serialising_them() -> None:
+    system = {"role": "system", "content": "sys"}
+    turns = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b\n"}]
+    for messages in ([system], [system, *turns], turns, [turns[0]], []):
+        body = {"model": "m", "messages": messages}
+        assert prompt_bytes(body, None, orjson.dumps(messages)) == prompt_bytes(body)
