@@ -1,6 +1,15 @@
 """`make run`: engines, then the gateway in front of them, until Ctrl-C; a replica that dies
 is replaced meanwhile (engine/watchdog.py).
 
+Stopping. Ctrl-C, SIGTERM and SIGHUP (a closed terminal) all stop the stack the same way,
+once: later signals are ignored while it stops. The gateway runs in a process group of its
+own, so a Ctrl-C at the terminal reaches the stack alone, and the gateway gets exactly one
+SIGINT from the stack. (A second SIGINT is uvicorn's "force quit": it skips the lifespan
+shutdown and logs a CancelledError traceback.) The replicas are then stopped together. Output
+that can no longer be written (`make run | tee run.log`, with tee ended by the same Ctrl-C) is
+dropped rather than allowed to end the stack halfway through stopping. If the stack dies
+before it has stopped everything (SIGKILL), its reaper does the stopping (engine/lifeline.py).
+
 Environment knobs (all optional):
     ENGINE_PROFILE (cpu-tiny)  ENGINE_REPLICAS (2)  ENGINE_MODEL (the profile's model)
     ENGINE_EMBED_PROFILE (cpu-tiny-embed for cpu profiles, none for gpu; empty for none)
@@ -20,13 +29,17 @@ import time
 import urllib.error
 import urllib.request
 from types import FrameType
+from typing import TextIO
 
 from engine.cli import resolve_model
+from engine.lifeline import Lifeline, stop_groups
 from engine.profiles import load_profile
 from engine.supervisor import ROOT, EngineError, Launch, Paths, down, up
 from engine.watchdog import ReplicaWatchdog
 
 WATCH_INTERVAL_S = 2.0
+GATEWAY_STOP_S = 30.0  # its drain, then SIGKILL
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def _wait_ready(
@@ -73,6 +86,39 @@ def _examples(base: str) -> str:
 """
 
 
+def say(message: str, stream: TextIO | None = None) -> None:
+    """Print a line. When its reader is gone, write nothing from then on, rather than
+    raise BrokenPipeError in the middle of stopping the replicas."""
+    stream = stream or sys.stdout
+    try:
+        print(message, file=stream, flush=True)
+    except BrokenPipeError:
+        # Python's recipe (docs: signal, "Note on SIGPIPE"): later writes and the flush at
+        # exit go to /dev/null instead of raising again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, stream.fileno())
+        os.close(devnull)
+
+
+def _ignore_stop_signals() -> None:
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+
+
+def _stop_gateway(gateway: subprocess.Popen[bytes], lifeline: Lifeline) -> None:
+    """One SIGINT: uvicorn drains, then the gateway stops its embedded Redis. Whatever is
+    left of its group after that (a Redis of a gateway that was killed) is stopped too."""
+    if gateway.poll() is None:
+        gateway.send_signal(signal.SIGINT)
+        try:
+            gateway.wait(timeout=GATEWAY_STOP_S)
+        except subprocess.TimeoutExpired:
+            gateway.kill()
+            gateway.wait()
+    stop_groups({gateway.pid})
+    lifeline.release(gateway.pid)
+
+
 def run_stack() -> int:
     paths = Paths.default()
     host = os.environ.get("GATEWAY_HOST", "127.0.0.1")
@@ -94,46 +140,51 @@ def run_stack() -> int:
     def on_signal(signum: int, frame: FrameType | None) -> None:
         nonlocal stopping
         stopping = True
+        _ignore_stop_signals()  # a second Ctrl-C must not cut the stopping short
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, on_signal)
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, on_signal)
+    lifeline = Lifeline.start()  # first: every process started after it dies with the stack
     gateway: subprocess.Popen[bytes] | None = None
     try:
         down(paths, say=lambda m: None)  # leftovers of an earlier run that was killed
         what = ", ".join(f"{launch.count} x {launch.profile.name}" for launch in launches)
-        print(f"engine: starting {what} (1-2 minutes on 2 CPU cores)", flush=True)
-        up(launches, paths=paths, say=lambda m: print(m, flush=True))
+        say(f"engine: starting {what} (1-2 minutes on 2 CPU cores)")
+        up(launches, paths=paths, say=say, lifeline=lifeline)
         state_dir = (paths.run / "state").resolve()
         if not os.environ.get("REDIS_URL"):
-            print(f"state: no REDIS_URL, the gateway runs an embedded durable Redis in {state_dir}")
+            say(f"state: no REDIS_URL, the gateway runs an embedded durable Redis in {state_dir}")
         env = {
             **os.environ,
             "ENGINE_STATE": str(paths.state.resolve()),
             "GATEWAY_STATE_DIR": str(state_dir),
         }
         command = ["gateway", "serve", "--policy", policy, "--host", host, "--port", port]
-        gateway = subprocess.Popen([sys.executable, "-m", *command], cwd=ROOT, env=env)
+        gateway = subprocess.Popen(
+            [sys.executable, "-m", *command], cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
+            process_group=0,  # its own group: Ctrl-C reaches the stack only (see above)
+        )  # fmt: skip
+        lifeline.hold(gateway.pid)
         base = f"http://{host}:{port}"
         _wait_ready(base, gateway, {launch.pool or launch.profile.pool for launch in launches})
-        print(_examples(base), flush=True)
+        say(_examples(base))
         # Replicas that die are stopped whole and started again (engine/watchdog.py).
-        watchdog = ReplicaWatchdog(launches, paths, say=lambda m: print(m, flush=True))
+        watchdog = ReplicaWatchdog(launches, paths, say=say, lifeline=lifeline)
         while gateway.poll() is None:
             watchdog.check()
             time.sleep(WATCH_INTERVAL_S)
         return 0 if stopping else (gateway.returncode or 0)
     except KeyboardInterrupt:
-        print("\nstopping...", flush=True)
+        say("\nstopping...")
         return 0
     except EngineError as exc:
-        print(f"engine: {exc}", file=sys.stderr)
+        say(f"engine: {exc}", sys.stderr)
         return 1
     finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        if gateway is not None and gateway.poll() is None:
-            gateway.send_signal(signal.SIGINT)
-            try:
-                gateway.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                gateway.kill()
-        down(paths)
+        _ignore_stop_signals()
+        if gateway is not None:
+            _stop_gateway(gateway, lifeline)
+        down(paths, say=say, lifeline=lifeline)
+        lifeline.close()
+        say("engine: stopped")

@@ -2,7 +2,9 @@
 
 Each replica is its own process group (so stopping it stops vLLM's engine-core and worker
 children too), listens on a free loopback port, and logs to its own file. `up` returns only
-when every new replica answers `/health`, printing progress while it waits.
+when every new replica answers `/health`, printing progress while it waits. Given a
+`Lifeline` (engine/lifeline.py, as `engine stack` does), the replicas die with the process
+that started them; without one (`engine up`) they outlive it until `engine down`.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.lifeline import Lifeline, group_exists
 from engine.profiles import SERVER_MODULE, Profile
 from engine.state import ReplicaRecord, read_state, write_state
 
@@ -132,6 +135,7 @@ def up(
     host: str = "127.0.0.1",
     timeout_s: float = 600.0,
     say: Callable[[str], None] = print,
+    lifeline: Lifeline | None = None,
 ) -> list[ReplicaRecord]:
     """Start every replica of every launch at once, then wait until all are healthy."""
     if not paths.python.exists():
@@ -143,11 +147,12 @@ def up(
     try:
         for launch in launches:
             for _ in range(launch.count):
-                started.append(_start_one(launch, paths=paths, host=host, say=say))
+                started.append(
+                    _start_one(launch, paths=paths, host=host, say=say, lifeline=lifeline)
+                )
         _wait_healthy(started, timeout_s=timeout_s, say=say)
     except BaseException:
-        for record, _proc in started:
-            stop_replica(record.pid)
+        stop_replicas([record.pid for record, _proc in started], lifeline=lifeline)
         raise
     records = [r for r, _ in started]
     current = [r for r in read_state(paths.state) if pid_alive(r.pid)]
@@ -156,7 +161,12 @@ def up(
 
 
 def _start_one(
-    launch: Launch, *, paths: Paths, host: str, say: Callable[[str], None]
+    launch: Launch,
+    *,
+    paths: Paths,
+    host: str,
+    say: Callable[[str], None],
+    lifeline: Lifeline | None,
 ) -> tuple[ReplicaRecord, subprocess.Popen[bytes]]:
     profile = launch.profile
     env = {**os.environ, **profile.serve_env(), "PYTHONUNBUFFERED": "1"}
@@ -180,6 +190,9 @@ def _start_one(
             stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
             env=env, cwd=ROOT, start_new_session=True,
         )  # fmt: skip
+    _children[proc.pid] = proc
+    if lifeline is not None:
+        lifeline.hold(proc.pid)  # its session id is its process group id
     record = ReplicaRecord(
         pool=launch.pool or profile.pool,
         profile=profile.name,
@@ -189,7 +202,6 @@ def _start_one(
         pid=proc.pid,
         log=str(log_path),
     )
-    _children[proc.pid] = proc
     say(f"engine: started {profile.name} on {record.url} (pid {proc.pid}, log {log_path})")
     return record, proc
 
@@ -241,36 +253,50 @@ def exit_code(pid: int) -> int | None:
     return None if pid_alive(pid) else -1
 
 
-def stop_replica(pid: int, grace_s: float = 20.0) -> None:
-    """SIGTERM the replica's whole process group (vLLM's engine core and workers too),
-    SIGKILL what is left after the grace."""
-    child = _children.pop(pid, None)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGTERM)
+def stop_replica(pid: int, grace_s: float = 20.0, lifeline: Lifeline | None = None) -> None:
+    stop_replicas([pid], grace_s, lifeline)
+
+
+def stop_replicas(pids: list[int], grace_s: float = 20.0, lifeline: Lifeline | None = None) -> None:
+    """SIGTERM each replica's whole process group (vLLM's engine core and workers too), all
+    at once so that stopping N replicas takes one grace, not N; SIGKILL what is left after
+    the grace."""
+    children = [child for pid in pids if (child := _children.pop(pid, None)) is not None]
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        if child is not None:
+    waiting = set(pids)
+    while waiting and time.monotonic() < deadline:
+        for child in children:
             child.poll()  # reap it as soon as it exits
-        try:
-            os.killpg(pid, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.2)
-    else:
+        waiting = {pid for pid in waiting if group_exists(pid)}
+        if waiting:
+            time.sleep(0.2)
+    for pid in waiting:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGKILL)
-    if child is not None:
+    for child in children:
         child.wait()
+    if lifeline is not None:
+        for pid in pids:
+            lifeline.release(pid)
 
 
-def down(paths: Paths, *, pool: str | None = None, say: Callable[[str], None] = print) -> int:
+def down(
+    paths: Paths,
+    *,
+    pool: str | None = None,
+    say: Callable[[str], None] = print,
+    lifeline: Lifeline | None = None,
+) -> int:
     records = read_state(paths.state)
     stopping = [r for r in records if pool is None or r.pool == pool]
     keep = [r for r in records if r not in stopping]
     # Take them out of the state first, so the gateway stops routing to them.
     write_state(paths.state, keep)
+    stop_replicas([record.pid for record in stopping], lifeline=lifeline)
     for record in stopping:
-        stop_replica(record.pid)
         say(f"engine: stopped {record.profile} replica {record.url} (pid {record.pid})")
     return len(stopping)
 

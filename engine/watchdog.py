@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from engine.lifeline import Lifeline
 from engine.state import ReplicaRecord, read_state, write_state
 from engine.supervisor import EngineError, Launch, Paths, exit_code, stop_replica, up
 
@@ -42,6 +43,7 @@ class ReplicaWatchdog:
     window_s: float = 600.0
     start_timeout_s: float = 600.0
     clock: Callable[[], float] = time.monotonic
+    lifeline: Lifeline | None = None  # replacements die with the stack too (engine/lifeline.py)
     _restarts: dict[tuple[str, str], list[float]] = field(default_factory=dict)
 
     def check(self) -> None:
@@ -53,7 +55,7 @@ class ReplicaWatchdog:
 
     def _replace(self, record: ReplicaRecord, code: int) -> None:
         self._forget(record)  # first, as `down` does: the gateway stops routing to it
-        stop_replica(record.pid)  # the orphaned engine core and workers
+        stop_replica(record.pid, lifeline=self.lifeline)  # the orphaned engine core and workers
         key = (record.profile, record.pool)
         launch = next((one for one in self.launches if _key(one) == key), None)
         now = self.clock()
@@ -69,7 +71,7 @@ class ReplicaWatchdog:
         self.say(f"{what}; its processes are stopped, a new replica is starting")
         try:
             up([replace(launch, count=1)], paths=self.paths, timeout_s=self.start_timeout_s,
-               say=self.say)  # fmt: skip
+               say=self.say, lifeline=self.lifeline)  # fmt: skip
         except EngineError as exc:
             self.say(f"engine: the replacement of {record.url} did not start: {exc}")
 

@@ -3,6 +3,7 @@
 gateway serve [--policy FILE] [--host H] [--port P]
 gateway policy check FILE [FILE ...] [--against RUNNING]
 gateway policy schema [--out FILE]
+gateway policy reference [--out FILE]
 gateway replay --trace FILE [--replicas N] [--cache-blocks M] [--policy FILE] [--json]
 gateway trim-eval --trajectories FILE [--policy FILE] [--tokenizer FILE] [--json]
 gateway route-train --labels FILE --out FILE [--seed N]
@@ -18,9 +19,11 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from gateway.policy import Policy, PolicyError, load_policy
@@ -33,13 +36,6 @@ DEFAULT_POLICY = "policies/default.yaml"
 
 def _policy_path(explicit: str | None) -> str:
     return explicit or os.environ.get("GATEWAY_POLICY") or DEFAULT_POLICY
-
-
-def policy_json_schema() -> str:
-    schema = Policy.model_json_schema()
-    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
-    schema["title"] = "agent-gateway policy"
-    return json.dumps(schema, indent=2, sort_keys=True) + "\n"
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -73,18 +69,39 @@ def _serve(args: argparse.Namespace) -> int:
         flush=True,
     )
     raise_descriptor_limit(policy.server)
-    uvicorn.run(
-        app,
-        host=host,
-        port=port,
-        # Header deadline, keep-alive idle limit and connection cap (gateway/edge/connections.py).
-        http=protocol_for(policy.server),
-        log_level=args.log_level,
-        log_config=redacting_log_config(LOGGING_CONFIG),
-        access_log=args.access_log,
-        timeout_graceful_shutdown=args.drain_s,
-    )
+    try:
+        # uvicorn stops gracefully on SIGINT or SIGTERM, then raises the signal again; both
+        # end here, after the drain and the lifespan shutdown, as one line, not a traceback.
+        signal.signal(signal.SIGTERM, _interrupt)
+        uvicorn.run(
+            app,
+            host=host,
+            port=port,
+            # Header deadline, keep-alive idle limit, connection cap: gateway/edge/connections.py.
+            http=protocol_for(policy.server),
+            log_level=args.log_level,
+            log_config=redacting_log_config(LOGGING_CONFIG),
+            access_log=args.access_log,
+            timeout_graceful_shutdown=args.drain_s,
+        )
+    except KeyboardInterrupt:
+        pass
+    _say_stopped()
     return 0
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def _say_stopped() -> None:
+    try:
+        print("gateway: stopped", flush=True)
+    except BrokenPipeError:
+        # Whoever read stdout is gone (`make run | tee`): the flush at exit must not raise too.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -114,10 +131,21 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _schema(args: argparse.Namespace) -> int:
-    text = policy_json_schema()
-    if args.out:
-        Path(args.out).write_text(text, encoding="utf-8")
-        print(f"wrote {args.out}")
+    from gateway.policy.json_schema import policy_json_schema
+
+    return _write(policy_json_schema(), args.out)
+
+
+def _reference(args: argparse.Namespace) -> int:
+    from gateway.policy.reference import render
+
+    return _write(render(), args.out)
+
+
+def _write(text: str, out: str | None) -> int:
+    if out:
+        Path(out).write_text(text, encoding="utf-8")
+        print(f"wrote {out}")
     else:
         sys.stdout.write(text)
     return 0
@@ -307,6 +335,11 @@ def main(argv: list[str] | None = None) -> int:
     schema = policy.add_parser("schema", help="print the policy's JSON Schema")
     schema.add_argument("--out")
     schema.set_defaults(run=_schema)
+    reference = policy.add_parser(
+        "reference", help="print the policy reference page (docs/reference/policy.md)"
+    )
+    reference.add_argument("--out")
+    reference.set_defaults(run=_reference)
 
     replay = sub.add_parser("replay", help="replay a trace through the routing code")
     replay.add_argument(
