@@ -1,19 +1,24 @@
-"""The request path, top to bottom: parse, resolve the model, continue the session,
-canonicalise, choose a tier and a replica, send, check the answer where it has checks
-(escalating once), relay it, checkpoint the turn. Each step is a call into the module
-that owns it.
+"""The request path, top to bottom. `Pipeline.handle` states each step once, in order:
+parse and admit, continue the session (trimming it), canonicalize, choose a tier, choose
+a replica and send, check the answer where it has checks (escalating once), relay it,
+and deliver: one exit that builds the response headers and commits the session turn.
+Each step is a call into the module that owns it, and adds what it decides to the one
+per-request value, `Call`. The pipeline answers with the gateway's own `Served` value;
+the HTTP layer renders it (gateway/api/inference.py).
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
+from typing import Any
 
-from starlette.responses import Response
-
-from gateway.approvals.gate import ApprovalGate, GateAnswer, Guard
+from gateway import headers as gateway_headers
+from gateway.approvals.gate import ApprovalGate, Guard
 from gateway.chat.inbound import InboundRequest, parse_request
-from gateway.delivery.relay import RelayResponse, ReplayedStream, StreamRelay
+from gateway.delivery.events import EventSteps
+from gateway.delivery.relay import StreamRelay
+from gateway.delivery.served import Served
 from gateway.delivery.whole import Answer, read_answer
 from gateway.errors import (
     ModelNotFound,
@@ -22,7 +27,7 @@ from gateway.errors import (
     Overloaded,
     UpstreamError,
 )
-from gateway.fleet.replicas import Fleet, Pool
+from gateway.fleet.replicas import Fleet, Pool, UnservedModel
 from gateway.policy import Endpoint, Policy
 from gateway.prompt.prefix_watch import FingerprintStore
 from gateway.prompt.steps import PrefixSteps
@@ -31,14 +36,13 @@ from gateway.request_context import RequestContext
 from gateway.resilience.dispatcher import Dispatch, Dispatcher
 from gateway.resilience.response_cache import ResponseCache, cache_key
 from gateway.routing.costs import RouteRequest
-from gateway.routing.router import Decision, Router
-from gateway.session_steps import Checkpointer, SessionSteps, report_turn
+from gateway.routing.router import ReplicaChoice, Router
+from gateway.session_steps import Checkpointer, SessionSteps
 from gateway.sessions.ids import SessionRef
 from gateway.sessions.turns import SessionTurns, Turn
 from gateway.telemetry.metrics import GatewayMetrics
-from gateway.telemetry.record import RequestRecord, ResultFacts
-from gateway.tenants.identity import OPEN_ACCESS, TenantAccess
-from gateway.tenants.settings import TenantPolicies
+from gateway.tenants.identity import TenantAccess
+from gateway.tenants.settings import TenantPolicies, TenantSettings
 from gateway.tiering.chooser import TierChoice, TierChooser, load_learned_router
 from gateway.tiering.stickiness import MemorySessionTiers
 from gateway.upstream.client import Upstream
@@ -54,6 +58,50 @@ _UPSTREAM_PATHS = {
     Endpoint.completions: "/v1/completions",
     Endpoint.embeddings: "/v1/embeddings",
 }
+
+
+@dataclass(frozen=True)
+class Call:
+    """One request as the steps of `handle` make it: each step reads it and returns it
+    with what it decided."""
+
+    request: InboundRequest
+    context: RequestContext
+    tenant: TenantSettings
+    session: SessionRef | None = None
+    turn: Turn | None = None  # the session turn this call is, when it is kept
+    unsaved: SessionRef | None = None  # its store was down: the turn is served, not kept
+    # The client did not ask for the stream's usage chunk; the gateway did (`_with_usage`).
+    hide_usage: bool = False
+    guard: Guard | None = None  # may call a tool that needs a person's approval
+    route: RouteRequest | None = None
+    choice: TierChoice | None = None
+    # Response headers noted along the way (which parts of the prompt prefix changed).
+    notes: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def client_usage(self) -> bool:
+        """Whether a stream's client asked for the usage chunk (the gateway always does)."""
+        return self.request.stream and not self.hide_usage
+
+
+@dataclass(frozen=True)
+class Reply:
+    """An answer read (or written) whole, and how the turn it answers is kept."""
+
+    answer: Answer
+    headers: dict[str, str]  # how it was served
+    commit: Checkpointer | None  # None: not a new answer of the engine, the turn is unsaved
+    keep_as: str | None = None  # the response cache's key for it, when it may be kept
+
+
+@dataclass(frozen=True)
+class Live:
+    """A stream relayed as the engine sends it; its turn is committed by the relay, before
+    `[DONE]` is passed on."""
+
+    relay: StreamRelay
+    headers: dict[str, str]
 
 
 class Pipeline:
@@ -97,41 +145,89 @@ class Pipeline:
         self._answers = answers if policy.resilience.response_cache.enabled else None
 
     async def handle(
-        self, endpoint: Endpoint, raw_body: bytes, context: RequestContext
-    ) -> Response:
-        record = context.record
+        self, endpoint: Endpoint, body: bytes | dict[str, Any], context: RequestContext
+    ) -> Served:
+        """`body`: the client's bytes, or a body the gateway built (the Responses API's)."""
+        call = self._parse(endpoint, body, context)  # a model the tenant may use
+        call = await self._admit(call)  # rate limits and budgets
+        call = await self._continue_session(call)  # its stored history, trimmed
+        if (kept := await self._approval_answer(call)) is not None:
+            return await self._deliver(call, kept)  # the gateway answers, not an engine
+        call = await self._canonicalize(call)  # a stable prefix, its changes, its blocks
+        call = await self._choose_tier(call)
+        if self._is_checked(call):  # read whole, checked (escalated once), maybe held
+            return await self._deliver(call, await self._checked(call))
+        return await self._deliver(call, await self._send(call))
+
+    # The steps, in order.
+
+    def _parse(
+        self, endpoint: Endpoint, body: bytes | dict[str, Any], context: RequestContext
+    ) -> Call:
         tenant = self.tenants.of(context.access.name)
-        request = parse_request(endpoint, raw_body, tenant.limits)
+        request = parse_request(endpoint, body, tenant.limits)
         self._check_model(request.model, endpoint, context.access)
+        return Call(request, context, tenant)
+
+    async def _admit(self, call: Call) -> Call:
+        request, context = call.request, call.context
         if self._quota is not None:  # rate limits and budgets (gateway/quota/)
-            grant = await self._quota.admit(
-                request, len(raw_body), context.access, context.identity
-            )
+            grant = await self._quota.admit(request, request.size, context.access, context.identity)
             if grant is not None:
-                record.quota = grant  # the edge sends its headers and settles it
+                context.record.quota = grant  # the edge sends its headers and settles it
                 request = grant.request  # another model when served over budget
-        record.note_request(request)  # after the check: only known aliases become labels
-        session = self._sessions.session_of(request, context)
+        context.record.note_request(request)  # after the check: only known aliases count
+        return replace(call, request=request)
+
+    async def _continue_session(self, call: Call) -> Call:
+        """The session's stored conversation put in front (trimmed, in sessions/turns.py);
+        a stream asks the engine for its usage; the guard of a call that may need
+        approval."""
+        context = call.context
+        record = context.record
+        session = self._sessions.session_of(call.request, context)
         record.session = session.id if session else None
         with record.stage("hydrate"):
-            turn, request, degraded = await self._sessions.hydrate(request, session, context)
-        notes: dict[str, str] = {}
+            turn, request, degraded = await self._sessions.hydrate(call.request, session, context)
+        unsaved = None
         if degraded and session is not None:  # served, not kept: the client is told
             record.degraded = "checkpoint"
-            notes = {
-                "X-Gateway-Session": session.id,
-                "X-Gateway-Session-Turn": "unsaved",
-                "X-Gateway-Degraded": "checkpoint",
-            }
+            unsaved = session
         request, hide_usage = _with_usage(request)
-        guard = self._guard(request, session, context) if self._approvals is not None else None
-        if guard is not None and (kept := await guard.resume(_client_usage(request, hide_usage))):
-            return await self._answered_here(kept, request, turn, context, notes)
-        with record.stage("canonicalise"):
-            request, tools_json = self._prefixes.canonicalise(request)
+        call = replace(
+            call,
+            request=request,
+            session=session,
+            turn=turn,
+            unsaved=unsaved,
+            hide_usage=hide_usage,
+        )
+        return replace(call, guard=self._guard(call))
+
+    async def _approval_answer(self, call: Call) -> Reply | None:
+        """An approval's answer, given without the engine; kept in the session like any
+        turn, so the history the client resends matches the stored one."""
+        if call.guard is None:
+            return None
+        kept = await call.guard.resume(call.client_usage)
+        if kept is None:
+            return None
+        commit = None
+        if call.turn is not None:
+            route = {"answered_by": "gateway", "approval": kept.approval, "event": kept.event}
+            commit = self._sessions.committer(
+                call.turn, call.request, call.request.body, route, call.context
+            )
+        return Reply(kept.answer, kept.headers, commit)
+
+    async def _canonicalize(self, call: Call) -> Call:
+        request, session, context = call.request, call.session, call.context
+        with context.record.stage("canonicalize"):
+            request, tools_json = self._prefixes.canonicalize(request)
+        notes = dict(call.notes)
         if prefix_changes := await self._prefixes.changes(request, session):
-            notes["X-Gateway-Prefix-Change"] = ",".join(prefix_changes)
-        request, cache_seed = self._prefixes.scoped(request, tenant.cache_scope)
+            notes[gateway_headers.PREFIX_CHANGE] = ",".join(prefix_changes)
+        request, cache_seed = self._prefixes.scoped(request, call.tenant.cache_scope)
         route = self._prefixes.route_request(
             request,
             session.id if session else context.session_id,
@@ -139,54 +235,49 @@ class Pipeline:
             context.access.name,
             cache_seed,
         )
-        with record.stage("choose_tier"):
+        return replace(call, request=request, route=route, notes=notes)
+
+    async def _choose_tier(self, call: Call) -> Call:
+        request, context = call.request, call.context
+        assert call.route is not None
+        with context.record.stage("choose_tier"):
             choice = await self._tiers.choose(
                 request.model,
-                endpoint,
+                request.endpoint,
                 request.body,
-                route,
+                call.route,
                 task=context.task,
-                clamps=tenant.tier_clamps,
+                clamps=call.tenant.tier_clamps,
                 response_schema=request.response_schema,
             )
-        if choice.checks is not None or guard is not None:
-            return await self._checked(
-                request, route, context, choice, turn, hide_usage, notes, guard
-            )
+        return replace(call, choice=choice)
+
+    async def _send(self, call: Call) -> Reply | Live:
+        """Choose a replica and send (the model's fallbacks when its pool cannot answer,
+        then this same request's kept answer); relay a stream, read a completion whole."""
+        request = call.request
         answer_key = cache_key(request.body) if self._answers is not None else None
         try:
-            choice, dispatch = await self._dispatch(choice, request, route, context)
+            choice, dispatch = await self._dispatch(call, request)
         except _CANNOT_ANSWER:
-            cached = await self._cached_answer(answer_key, request.model, choice, turn, context)
+            cached = await self._cached_answer(answer_key, call)
             if cached is None:
                 raise
             return cached
-        headers = self._dispatched(request, route, choice, dispatch, notes, record)
-        checkpoint = None
-        if turn is not None:
-            headers["X-Gateway-Session"] = turn.session.id
-            checkpoint = self._sessions.checkpointer(turn, request, choice, dispatch, context)
+        headers = self._dispatched(call, choice, dispatch)
+        commit = self._checkpointer(call, choice, dispatch)
         if request.stream:
-            return self._relay_stream(request, dispatch, headers, checkpoint, record, hide_usage)
-        return await self._relay_whole(
-            request, dispatch, headers, checkpoint, record, answer_key, context.access.name
-        )
+            return Live(self._relay(call, dispatch, commit), headers)
+        answer = await self._read_answer(call, request, dispatch)
+        return Reply(answer, headers, commit, answer_key)
 
-    async def _checked(
-        self,
-        request: InboundRequest,
-        route: RouteRequest,
-        context: RequestContext,
-        choice: TierChoice,
-        turn: Turn | None,
-        hide_usage: bool,
-        notes: dict[str, str],
-        guard: Guard | None = None,
-    ) -> Response:
+    async def _checked(self, call: Call) -> Reply:
         """An answer with checks is read whole and checked before the client sees it; one
         that fails moves up a tier once, and a failure with nowhere to go is an error. An
         answer that may call a tool needing approval is read whole too, and held if it does."""
-        checks = choice.checks
+        request, record = call.request, call.context.record
+        assert call.choice is not None
+        choice, checks = call.choice, call.choice.checks
         constrain = self._tiers.structured_outputs(request.model)
         escalated = False
         while True:
@@ -194,9 +285,9 @@ class Pipeline:
             sent = request
             if checks is not None:
                 sent = request.with_body(checks.constrain(request.body, engine_can))
-            choice, dispatch = await self._dispatch(choice, sent, route, context)
-            headers = self._dispatched(request, route, choice, dispatch, notes, context.record)
-            answer = await self._read_answer(sent, dispatch, context.record.result, hide_usage)
+            choice, dispatch = await self._dispatch(replace(call, choice=choice), sent)
+            headers = self._dispatched(call, choice, dispatch)
+            answer = await self._read_answer(call, sent, dispatch)
             problems = checks.problems(answer.reply) if checks else []
             if not problems:
                 if checks:
@@ -213,88 +304,38 @@ class Pipeline:
                     headers=choice.header_values(),
                 )
             choice = self._tiers.escalated(request.model, choice, problems[0][0])
-            context.record.escalating()
+            record.escalating()
             escalated = True
-        held = await guard.hold(answer, _client_usage(sent, hide_usage)) if guard else None
+        guard = call.guard
+        held = await guard.hold(answer, call.client_usage) if guard else None
         if held is not None:
             answer = held.answer  # the client is told the call awaits approval instead
-            headers.update(held.headers)
+            headers = {**headers, **held.headers}
+        return Reply(answer, headers, self._checkpointer(call, choice, dispatch))
+
+    async def _deliver(self, call: Call, outcome: Reply | Live) -> Served:
+        """The one exit: the response headers, built once, and the session turn committed
+        (a relayed stream's by its relay, before `[DONE]`)."""
+        headers = {**outcome.headers, **call.notes}
+        turn = call.turn
+        session = turn.session if turn is not None else call.unsaved
+        if session is not None:
+            headers[gateway_headers.SESSION] = session.id
+        if call.unsaved is not None:
+            headers.update(gateway_headers.turn_kept(None))
+        if isinstance(outcome, Live):
+            return Served(headers, stream=outcome.relay)
+        answer = outcome.answer
         if turn is not None:
-            headers["X-Gateway-Session"] = turn.session.id
-            commit = self._sessions.checkpointer(turn, request, choice, dispatch, context)
-            turn_number = await commit(answer.reply, answer.usage)
-            report_turn(headers, turn_number)
-        return _whole(answer, headers)
+            number = await outcome.commit(answer.reply, answer.usage) if outcome.commit else None
+            headers.update(gateway_headers.turn_kept(number))
+        if outcome.keep_as is not None and self._answers is not None:
+            await self._answers.put(
+                outcome.keep_as, answer.payload, tenant=call.context.access.name
+            )
+        return Served.answer(answer, headers)
 
-    def _guard(
-        self, request: InboundRequest, session: SessionRef | None, context: RequestContext
-    ) -> Guard | None:
-        """The request's guard when it may call a tool that needs approval."""
-        if self._approvals is None or request.endpoint is not Endpoint.chat:
-            return None
-        return self._approvals.guard(
-            request,
-            session,
-            tenant=context.access.name,
-            request_id=context.request_id,
-            record=context.record,
-        )
-
-    async def _answered_here(
-        self,
-        kept: GateAnswer,
-        request: InboundRequest,
-        turn: Turn | None,
-        context: RequestContext,
-        notes: dict[str, str],
-    ) -> Response:
-        """An approval's answer, given without the engine; kept in the session like any
-        turn, so the history the client resends matches the stored one."""
-        headers = {**notes, **kept.headers}
-        if turn is not None:
-            headers["X-Gateway-Session"] = turn.session.id
-            route = {"answered_by": "gateway", "approval": kept.approval, "event": kept.event}
-            commit = self._sessions.committer(turn, request, request.body, route, context)
-            report_turn(headers, await commit(kept.answer.reply, kept.answer.usage))
-        return _whole(kept.answer, headers)
-
-    def _dispatched(
-        self,
-        request: InboundRequest,
-        route: RouteRequest,
-        choice: TierChoice,
-        dispatch: Dispatch,
-        notes: dict[str, str],
-        record: RequestRecord,
-    ) -> dict[str, str]:
-        """Records the decisions; returns the headers that report them."""
-        decision = dispatch.decision
-        self._record_route(choice.pool, decision)
-        self._metrics.tier_decisions.labels(request.model, choice.tier, choice.by).inc()
-        record.tier, record.tier_by, record.tier_reason = choice.tier, choice.by, choice.reason
-        record.fallback = choice.fallback
-        record.blocks, record.route_session = route.blocks, route.session
-        record.routed(
-            decision.replica.id, choice.pool.name, decision.reason, decision.cached_blocks
-        )
-        return {**dispatch.headers(), **choice.header_values(), **notes}
-
-    async def _read_answer(
-        self,
-        request: InboundRequest,
-        dispatch: Dispatch,
-        facts: ResultFacts,
-        hide_usage: bool = False,
-    ) -> Answer:
-        return await read_answer(
-            dispatch,
-            facts,
-            stream=request.stream,
-            hide_usage=hide_usage,
-            # Only logprobs chunks need fixing; every other answer passes byte for byte.
-            conform=bool(request.body.get("logprobs")),
-            idle_s=self._policy.timeouts.idle_s,
-        )
+    # What the steps call.
 
     def _check_model(self, alias: str, endpoint: Endpoint, access: TenantAccess) -> None:
         """A model the tenant may not use is answered exactly as one that does not exist,
@@ -307,37 +348,43 @@ class Pipeline:
             raise ModelNotFound(f"The model `{alias}` does not exist.{available}", param="model")
         try:
             self._tiers.check_model(alias, endpoint)
-        except ModelNotFound as exc:
-            message = exc.message.split(" Available models: ")[0] + available
-            raise ModelNotFound(message, param="model") from None
+        except UnservedModel as exc:
+            raise ModelNotFound(exc.problem + available, param="model") from None
 
-    def _record_route(self, pool: Pool, decision: Decision) -> None:
-        self._metrics.route_decisions.labels(pool.name, decision.reason).inc()
-        if decision.total_blocks:
-            blocks = self._metrics.prefix_blocks
-            blocks.labels(pool.name, "yes").inc(decision.cached_blocks)
-            blocks.labels(pool.name, "no").inc(decision.total_blocks - decision.cached_blocks)
+    def _guard(self, call: Call) -> Guard | None:
+        """The request's guard when it may call a tool that needs approval."""
+        request, context = call.request, call.context
+        if self._approvals is None or request.endpoint is not Endpoint.chat:
+            return None
+        return self._approvals.guard(
+            request,
+            call.session,
+            tenant=context.access.name,
+            request_id=context.request_id,
+            record=context.record,
+        )
 
-    async def _dispatch(
-        self,
-        choice: TierChoice,
-        request: InboundRequest,
-        route: RouteRequest,
-        context: RequestContext,
-    ) -> tuple[TierChoice, Dispatch]:
+    def _is_checked(self, call: Call) -> bool:
+        return call.guard is not None or (
+            call.choice is not None and call.choice.checks is not None
+        )
+
+    async def _dispatch(self, call: Call, request: InboundRequest) -> tuple[TierChoice, Dispatch]:
         """Send to the chosen pool; when it cannot answer, to the model's fallbacks in turn
         (the tenant's own, and only models the tenant may use)."""
+        choice, route, context = call.choice, call.route, call.context
+        assert choice is not None and route is not None
         try:
-            return choice, await self._send(choice.pool, request, route, context)
+            return choice, await self._send_to(choice.pool, request, route, context)
         except _CANNOT_ANSWER as exc:
             failure = exc
-        tenant = self.tenants.of(context.access.name)
+        tenant = call.tenant
         for fallback in tenant.fallbacks.get(request.model, ()):
             try:
                 alternative = await self._tiers.choose(
                     fallback, request.endpoint, request.body, route, clamps=tenant.tier_clamps
                 )
-                dispatch = await self._send(alternative.pool, request, route, context)
+                dispatch = await self._send_to(alternative.pool, request, route, context)
             except _CANNOT_ANSWER as exc:
                 log.warning("fallback %s of %s failed too: %s", fallback, request.model, exc)
                 continue
@@ -345,7 +392,7 @@ class Pipeline:
             return replace(alternative, fallback=fallback), dispatch
         raise failure
 
-    async def _send(
+    async def _send_to(
         self, pool: Pool, request: InboundRequest, route: RouteRequest, context: RequestContext
     ) -> Dispatch:
         headers = {"Content-Type": "application/json", "X-Request-Id": context.request_id}
@@ -361,80 +408,77 @@ class Pipeline:
             context.record,
         )
 
-    async def _relay_whole(
-        self,
-        request: InboundRequest,
-        dispatch: Dispatch,
-        headers: dict[str, str],
-        checkpoint: Checkpointer | None,
-        record: RequestRecord,
-        answer_key: str | None = None,
-        tenant: str = OPEN_ACCESS.name,
-    ) -> Response:
-        answer = await self._read_answer(request, dispatch, record.result)
-        if checkpoint is not None:
-            turn_number = await checkpoint(answer.reply, answer.usage)
-            report_turn(headers, turn_number)
-        if answer_key is not None and self._answers is not None:
-            await self._answers.put(answer_key, answer.payload, tenant=tenant)
-        return Response(answer.payload, media_type=answer.media_type, headers=headers)
+    def _dispatched(self, call: Call, choice: TierChoice, dispatch: Dispatch) -> dict[str, str]:
+        """Records the decisions; returns the headers that report them."""
+        assert call.route is not None
+        record, route, decision = call.context.record, call.route, dispatch.decision
+        self._record_route(choice.pool, decision)
+        self._metrics.tier_decisions.labels(call.request.model, choice.tier, choice.by).inc()
+        record.tier, record.tier_by, record.tier_reason = choice.tier, choice.by, choice.reason
+        record.fallback = choice.fallback
+        record.blocks, record.route_session = route.blocks, route.session
+        record.routed(
+            decision.replica.id, choice.pool.name, decision.reason, decision.cached_blocks
+        )
+        return {**dispatch.headers(), **choice.header_values()}
 
-    async def _cached_answer(
-        self,
-        key: str | None,
-        model: str,
-        choice: TierChoice,
-        turn: Turn | None,
-        context: RequestContext,
-    ) -> Response | None:
-        """The last fallback: this same deterministic request's kept answer."""
-        if key is None or self._answers is None:
-            return None
-        payload = await self._answers.get(key, tenant=context.access.name)
-        if payload is None:
-            return None
-        self._metrics.fallbacks.labels(model, "cache").inc()
-        headers = {**choice.header_values(), "X-Gateway-Fallback": "cache"}
-        if turn is not None:  # not a new answer of the engine: the turn is not kept
-            headers["X-Gateway-Session"] = turn.session.id
-            report_turn(headers, None)
-        return Response(payload, media_type="application/json", headers=headers)
+    def _record_route(self, pool: Pool, decision: ReplicaChoice) -> None:
+        self._metrics.route_decisions.labels(pool.name, decision.reason).inc()
+        if decision.total_blocks:
+            blocks = self._metrics.prefix_blocks
+            blocks.labels(pool.name, "yes").inc(decision.cached_blocks)
+            blocks.labels(pool.name, "no").inc(decision.total_blocks - decision.cached_blocks)
 
-    def _relay_stream(
-        self,
-        request: InboundRequest,
-        dispatch: Dispatch,
-        headers: dict[str, str],
-        checkpoint: Checkpointer | None,
-        record: RequestRecord,
-        hide_usage: bool = False,
-    ) -> RelayResponse:
-        relay = StreamRelay(
+    def _checkpointer(
+        self, call: Call, choice: TierChoice, dispatch: Dispatch
+    ) -> Checkpointer | None:
+        if call.turn is None:
+            return None
+        return self._sessions.checkpointer(call.turn, call.request, choice, dispatch, call.context)
+
+    async def _read_answer(self, call: Call, request: InboundRequest, dispatch: Dispatch) -> Answer:
+        return await read_answer(
+            dispatch,
+            call.context.record.result,
+            stream=request.stream,
+            hide_usage=call.hide_usage,
+            # Only logprobs chunks need fixing; every other answer passes byte for byte.
+            conform=bool(request.body.get("logprobs")),
+            idle_s=self._policy.timeouts.idle_s,
+        )
+
+    def _relay(self, call: Call, dispatch: Dispatch, commit: Checkpointer | None) -> StreamRelay:
+        record = call.context.record
+        steps = EventSteps(
+            record.result,
+            hide_usage=call.hide_usage,
+            # Only logprobs chunks need fixing; every other stream passes byte for byte.
+            conform=bool(call.request.body.get("logprobs")),
+            # Collected for the turn's checkpoint, or for a trace that records content.
+            collect=record.capture,
+            on_reply=commit,
+        )
+        return StreamRelay(
             dispatch.replica,
             dispatch.response,
-            on_end=dispatch.finish,
+            steps,
             deadline=dispatch.deadline,
             idle_s=self._policy.timeouts.idle_s,
-            # Only logprobs chunks need fixing; every other stream passes byte for byte.
-            conform=bool(request.body.get("logprobs")),
-            on_done=checkpoint,
-            hide_usage=hide_usage,
-            facts=record.result,
-            capture=record.capture,
+            on_end=dispatch.finish,
         )
-        return RelayResponse(relay, headers)
 
-
-def _whole(answer: Answer, headers: dict[str, str]) -> Response:
-    """An answer read (or written) whole: replayed as a stream when it is one."""
-    if answer.events is not None:
-        return ReplayedStream(answer.events, headers)
-    return Response(answer.payload, media_type=answer.media_type, headers=headers)
-
-
-def _client_usage(request: InboundRequest, hide_usage: bool) -> bool:
-    """Whether a stream's client asked for the usage chunk (the gateway always does)."""
-    return request.stream and not hide_usage
+    async def _cached_answer(self, key: str | None, call: Call) -> Reply | None:
+        """The last fallback: this same deterministic request's kept answer (not a new
+        answer of the engine: the turn is not kept)."""
+        if key is None or self._answers is None:
+            return None
+        payload = await self._answers.get(key, tenant=call.context.access.name)
+        if payload is None:
+            return None
+        assert call.choice is not None
+        self._metrics.fallbacks.labels(call.request.model, "cache").inc()
+        headers = {**call.choice.header_values(), gateway_headers.FALLBACK: "cache"}
+        return Reply(Answer(None, None, payload), headers, commit=None)
 
 
 def _with_usage(request: InboundRequest) -> tuple[InboundRequest, bool]:

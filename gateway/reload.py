@@ -46,8 +46,8 @@ from gateway.runtime import Runtime, Services, build_runtime
 
 log = logging.getLogger(__name__)
 
-Outcome = Literal["applied", "invalid", "needs_restart"]
-OUTCOMES: tuple[Outcome, ...] = ("applied", "invalid", "needs_restart")
+ReloadOutcome = Literal["applied", "invalid", "needs_restart"]
+OUTCOMES: tuple[ReloadOutcome, ...] = ("applied", "invalid", "needs_restart")
 
 
 class ReloadMetrics:
@@ -131,7 +131,7 @@ class PolicyReloader:
         log.info("SIGHUP: checking the policy file %s", self._path)
         self._spawn(self.check(force=True))
 
-    async def check(self, *, force: bool = False) -> Outcome | None:
+    async def check(self, *, force: bool = False) -> ReloadOutcome | None:
         """Re-read the file and apply it if its content changed; the outcome, or None
         when there was nothing new to judge."""
         async with self._lock:
@@ -150,7 +150,7 @@ class PolicyReloader:
             self._seen = sha256
             return await self._judge(data, sha256)
 
-    async def _judge(self, data: bytes, sha256: str) -> Outcome:
+    async def _judge(self, data: bytes, sha256: str) -> ReloadOutcome:
         path, running = self._path, self._running()
         try:
             policy = await asyncio.to_thread(parse_policy_bytes, data, path)
@@ -207,7 +207,7 @@ class PolicyReloader:
         self._watch_if_enabled()  # the interval may have changed, or polling been turned on
         return self._count("applied")
 
-    def _rejected_unreadable(self, exc: PolicyError, *, force: bool) -> Outcome | None:
+    def _rejected_unreadable(self, exc: PolicyError, *, force: bool) -> ReloadOutcome | None:
         marker = f"unreadable: {exc}"
         if marker == self._seen and not force:
             return None
@@ -215,7 +215,7 @@ class PolicyReloader:
         log.warning("policy %s: the running policy keeps serving:\n%s", self._path, exc)
         return self._count("invalid")
 
-    def _count(self, outcome: Outcome) -> Outcome:
+    def _count(self, outcome: ReloadOutcome) -> ReloadOutcome:
         self._metrics.reloads.labels(outcome).inc()
         return outcome
 

@@ -147,10 +147,3 @@ class SessionSteps:
             return number
 
         return commit
-
-
-def report_turn(headers: dict[str, str], turn_number: int | None) -> None:
-    """The headers that tell the client which turn was kept, or that none was."""
-    headers["X-Gateway-Session-Turn"] = str(turn_number) if turn_number else "unsaved"
-    if not turn_number:
-        headers["X-Gateway-Degraded"] = "checkpoint"

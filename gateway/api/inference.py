@@ -13,8 +13,10 @@ from __future__ import annotations
 import logging
 
 from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from gateway.delivery.served import EventStream, Served
 from gateway.edge.body import read_body
 from gateway.errors import GatewayError, MethodNotAllowed, error_response
 from gateway.pipeline import Pipeline
@@ -32,6 +34,7 @@ _ENDPOINTS = {
     "/v1/embeddings": Endpoint.embeddings,
 }
 _RESPONSES = "/v1/responses"
+STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 class ApiCalls:
@@ -57,7 +60,7 @@ class ApiCalls:
             app_state = scope["app"].state
             if endpoint is None:
                 responses: ResponsesService = app_state.responses
-                response = await responses.create(body, record, access, identity_of(state))
+                served = await responses.create(body, record, access, identity_of(state))
             else:
                 pipeline: Pipeline = app_state.pipeline
                 headers = request.headers
@@ -70,7 +73,8 @@ class ApiCalls:
                     access=access,
                     identity=identity_of(state),
                 )
-                response = await pipeline.handle(endpoint, body, context)
+                served = await pipeline.handle(endpoint, body, context)
+            response = render(served)
         except GatewayError as exc:
             record.error_type = exc.code or exc.error_type
             response = error_response(exc, request_id=request_id)
@@ -80,3 +84,27 @@ class ApiCalls:
             error = GatewayError("The gateway hit an internal error; it has been logged.")
             response = error_response(error, request_id=request_id)
         await response(scope, receive, send)
+
+
+def render(served: Served) -> Response:
+    """The gateway's answer as HTTP: a whole body, or a stream of server-sent events."""
+    if served.stream is None:
+        return Response(served.body, media_type=served.media_type, headers=served.headers)
+    return EventStreamResponse(served.stream, served.headers)
+
+
+class EventStreamResponse(StreamingResponse):
+    """A stream of server-sent events that always closes its source, even if never
+    iterated (a live stream holds a replica's slot until then)."""
+
+    def __init__(self, stream: EventStream, headers: dict[str, str]) -> None:
+        super().__init__(
+            stream.events(), media_type="text/event-stream", headers={**STREAM_HEADERS, **headers}
+        )
+        self.stream = stream
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.stream.close()

@@ -60,7 +60,7 @@ def build_api_router(store: StateStore, metrics: GatewayMetrics) -> APIRouter:
         models = {
             alias: {
                 "pool": pool.name,
-                "healthy_replicas": len(pool.healthy),
+                "healthy_replicas": len(pool.healthy_replicas),
                 "replicas": len(pool.replicas),
             }
             for alias, pool in sorted(fleet.models.items())

@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from gateway import headers
 from gateway.approvals.audit import AuditEvent
 from gateway.approvals.decisions import Approvals
 from gateway.approvals.gateway_answers import gateway_answer
@@ -31,7 +32,7 @@ from gateway.approvals.messages import (
     hold_text,
     pending_text,
 )
-from gateway.approvals.records import Approval, Closing, Outcome, Status, new_approval_id
+from gateway.approvals.records import Approval, ApprovalOutcome, Closing, Status, new_approval_id
 from gateway.chat.inbound import InboundRequest
 from gateway.chat.messages import Message
 from gateway.delivery.whole import Answer
@@ -45,16 +46,16 @@ _NOTHING: frozenset[str] = frozenset()
 
 # The header that reports each event, its value the approval id.
 _HEADERS = {
-    "held": "X-Gateway-Approval-Pending",
-    "pending": "X-Gateway-Approval-Pending",
-    "released": "X-Gateway-Approval-Released",
-    "denial_returned": "X-Gateway-Approval-Denied",
-    "expiry_returned": "X-Gateway-Approval-Expired",
+    "held": headers.APPROVAL_PENDING,
+    "pending": headers.APPROVAL_PENDING,
+    "released": headers.APPROVAL_RELEASED,
+    "denial_returned": headers.APPROVAL_DENIED,
+    "expiry_returned": headers.APPROVAL_EXPIRED,
 }
 
 
 # What the agent is told once an approval is decided.
-_OUTCOMES: dict[Status, Outcome] = {
+_OUTCOMES: dict[Status, ApprovalOutcome] = {
     "approved": "released",
     "denied": "denial_returned",
     "expired": "expiry_returned",

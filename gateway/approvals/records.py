@@ -23,7 +23,7 @@ ID_PATTERN = re.compile(r"apr_[0-9a-f]{24}")
 Status = Literal["pending", "approved", "denied", "expired", "released"]
 STATUSES: tuple[Status, ...] = ("pending", "approved", "denied", "expired", "released")
 Verdict = Literal["approved", "denied", "expired"]
-Outcome = Literal["released", "denial_returned", "expiry_returned"]
+ApprovalOutcome = Literal["released", "denial_returned", "expiry_returned"]
 
 
 def new_approval_id() -> str:
@@ -43,7 +43,7 @@ class Decision:
 class Closing:
     """The agent was answered with the outcome: the released call, or why it was not run."""
 
-    outcome: Outcome
+    outcome: ApprovalOutcome
     at: float
     request_id: str
 

@@ -23,6 +23,7 @@ from typing import Any
 
 import orjson
 
+from gateway.chat.stream import ChatEvent, chunks_of
 from gateway.errors import UpstreamError
 
 # Keys OpenAI defines as nullable inside a message: their nulls carry meaning.
@@ -133,6 +134,12 @@ def conform_response(payload: bytes) -> bytes:
     """Return the payload with schema-breaking nulls removed (the same bytes if none).
     Raises NotAnAnswer when it is not a JSON object (a proxy's HTML page, a cut body) or
     has the wrong shape (`check_shape`)."""
+    return conform_completion(payload)[0]
+
+
+def conform_completion(payload: bytes) -> tuple[bytes, dict[str, Any]]:
+    """`conform_response`, and the answer it parsed (as conformed), for whoever reads it
+    next: the body is parsed once."""
     try:
         body = orjson.loads(payload)
     except orjson.JSONDecodeError:
@@ -154,7 +161,7 @@ def conform_response(payload: bytes) -> bytes:
         if isinstance(message, dict):
             changed |= _drop_nulls(message, keep=_NULLABLE_MESSAGE_KEYS)
         changed |= _complete_logprobs(choice)
-    return orjson.dumps(body) if changed else payload
+    return (orjson.dumps(body) if changed else payload), body
 
 
 def _complete_logprobs(choice: dict[str, Any]) -> bool:
@@ -166,20 +173,20 @@ def _complete_logprobs(choice: dict[str, Any]) -> bool:
 
 
 def conform_event(event: bytes) -> bytes:
-    """One SSE event of a chat stream, with its chunk made to conform (same bytes if it
-    does). Raises NotAnAnswer when the chunk has the wrong shape (`check_shape`)."""
+    """One SSE event of a chat stream, with its chunk made to conform (the same event if
+    it does; a ChatEvent's kept parse is read, not parsed again). Raises NotAnAnswer when
+    the chunk has the wrong shape (`check_shape`)."""
     if not event.startswith(b"data: {"):
         return event
-    body_end = len(event.rstrip(b"\r\n"))
-    try:
-        chunk = orjson.loads(event[6:body_end])
-    except orjson.JSONDecodeError:
-        return event
-    if not isinstance(chunk, dict):
-        return event
+    chunks = chunks_of(event)
+    if len(chunks) != 1 or not isinstance(chunk := chunks[0], dict):
+        return event  # not one JSON object: passed on as the engine sent it
     check_shape(chunk, "delta")
     changed = False
     for choice in chunk.get("choices") or ():
         if isinstance(choice, dict):
             changed |= _complete_logprobs(choice)
-    return b"data: " + orjson.dumps(chunk) + event[body_end:] if changed else event
+    if not changed:
+        return event
+    body_end = len(event.rstrip(b"\r\n"))
+    return ChatEvent.parsed_as(b"data: " + orjson.dumps(chunk) + event[body_end:], chunk)

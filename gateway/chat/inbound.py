@@ -4,7 +4,7 @@ unchanged; every field the gateway does not own is passed through untouched.
 
 The policy's `limits` (message and tool counts, JSON nesting depth, the `max_tokens` and
 `n` ceilings) are checked here, in the same pass, so nothing later on the request path (the
-canonicaliser's recursive key sort, orjson re-serialising the body, the session store)
+canonicalizer's recursive key sort, orjson re-serialising the body, the session store)
 ever meets a body a working agent would not send.
 
 A `json_schema` response format is prepared here too (gateway/untrusted/schemas.py): a
@@ -55,6 +55,11 @@ class InboundRequest:
         return replace(self, raw=None, body=body)
 
     @functools.cached_property
+    def size(self) -> int:
+        """The body's size in bytes: as the client sent it, or as it is sent upstream."""
+        return len(self.raw) if self.raw is not None else len(self.body_for(self.model))
+
+    @functools.cached_property
     def messages_json(self) -> bytes | None:
         """The body's `messages`, serialised once: prefix hashing reads it, and the engine's
         body reuses it instead of serialising a long conversation a second time."""
@@ -94,9 +99,12 @@ def json_object(raw: bytes) -> dict[str, Any]:
 
 
 def parse_request(
-    endpoint: Endpoint, raw: bytes, limits: LimitsSpec = _DEFAULT_LIMITS
+    endpoint: Endpoint, raw: bytes | dict[str, Any], limits: LimitsSpec = _DEFAULT_LIMITS
 ) -> InboundRequest:
-    body = json_object(raw)
+    """The client's bytes, or a body the gateway built from another API's request (the
+    Responses API's), checked against the policy's limits."""
+    client_bytes = raw if isinstance(raw, bytes) else None
+    body = json_object(raw) if isinstance(raw, bytes) else raw
     model = body.get("model")
     _require(body, "model")
     if not isinstance(model, str) or not model:
@@ -125,7 +133,7 @@ def parse_request(
     if endpoint is not Endpoint.embeddings:
         check_n(body, limits.max_n)
     response_schema = response_format_schema(body.get("response_format"))
-    return InboundRequest(endpoint, raw, body, model, stream, response_schema)
+    return InboundRequest(endpoint, client_bytes, body, model, stream, response_schema)
 
 
 def response_format_schema(

@@ -8,14 +8,13 @@ the engine and the same message resent by any client SDK compare equal.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import orjson
 
 from gateway.chat.conformance import check_shape
 from gateway.chat.messages import Message
-from gateway.chat.sse import DONE, chat_chunks
+from gateway.chat.stream import DONE, chunks_of
 
 _KEPT = ("role", "content", "name", "tool_call_id")
 
@@ -42,17 +41,17 @@ def _tool_call(call: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def reply_from_completion(
-    payload: bytes, also: Callable[[Any], None] | None = None
-) -> tuple[Message | None, dict[str, Any] | None]:
-    """The first choice's message and the usage of a non-streamed chat completion; `also`
-    sees the parsed completion (the body is parsed once)."""
+def reply_from_completion(payload: bytes) -> tuple[Message | None, dict[str, Any] | None]:
+    """The first choice's message and the usage of a non-streamed chat completion."""
     try:
         data = orjson.loads(payload)
     except orjson.JSONDecodeError:
         return None, None
-    if also is not None:
-        also(data)
+    return reply_of(data)
+
+
+def reply_of(data: Any) -> tuple[Message | None, dict[str, Any] | None]:
+    """The first choice's message and the usage of a chat completion already parsed."""
     choices = data.get("choices") if isinstance(data, dict) else None
     usage = data.get("usage") if isinstance(data, dict) else None
     message = choices[0].get("message") if choices and isinstance(choices[0], dict) else None
@@ -73,7 +72,7 @@ class ReplyCollector:
         `stream_options.include_usage` adds (no choices). Raises NotAnAnswer when the
         chunk has the wrong shape."""
         usage_only = False
-        for chunk in chat_chunks(event):
+        for chunk in chunks_of(event):
             if chunk is DONE:
                 self.done = True
             elif isinstance(chunk, dict):

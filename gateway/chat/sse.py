@@ -7,11 +7,6 @@ append a well-formed error event when the engine dies mid-stream.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
-
-import orjson
-
 # An event ends at a blank line; the SSE spec allows all three line endings.
 _TERMINATORS = (b"\n\n", b"\r\n\r\n", b"\r\r")
 
@@ -54,34 +49,6 @@ class SSEFramer:
             if at >= 0 and (best < 0 or at + len(term) < best):
                 best = at + len(term)
         return best
-
-
-DONE = object()  # what `chat_chunks` yields for `data: [DONE]`
-
-
-def chat_chunks(event: bytes) -> Iterator[dict[str, Any] | object]:
-    """The JSON objects an event's `data:` lines carry, and `DONE` for `[DONE]`; anything
-    else (comments, malformed data) is skipped."""
-    for line in event.splitlines():
-        if not line.startswith(b"data:"):
-            continue
-        data = line[5:].strip()
-        if data == b"[DONE]":
-            yield DONE
-            continue
-        try:
-            chunk = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            continue
-        if isinstance(chunk, dict):
-            yield chunk
-
-
-def is_done(event: bytes) -> bool:
-    """Whether this event is the stream's last, `data: [DONE]`."""
-    return b"[DONE]" in event and any(
-        line.strip() in (b"data: [DONE]", b"data:[DONE]") for line in event.splitlines()
-    )
 
 
 def data_event(payload: bytes) -> bytes:

@@ -9,15 +9,17 @@ answer, released when the reader was cancelled (the client went away).
 from __future__ import annotations
 
 import asyncio
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.chat.conformance import NotAnAnswer, conform_event, conform_response
+from gateway.chat.conformance import NotAnAnswer, conform_completion
 from gateway.chat.messages import Message
-from gateway.chat.replies import ReplyCollector, reply_from_completion
-from gateway.chat.sse import SSEFramer
+from gateway.chat.replies import reply_of
+from gateway.chat.stream import chat_events
+from gateway.delivery.events import EventSteps
 from gateway.errors import UpstreamError, UpstreamTimeout
-from gateway.resilience.dispatcher import Dispatch, Outcome
+from gateway.resilience.dispatcher import Dispatch, SlotOutcome
 from gateway.telemetry.record import ResultFacts
 from gateway.upstream.client import UpstreamResponse
 
@@ -25,36 +27,27 @@ from gateway.upstream.client import UpstreamResponse
 @dataclass(frozen=True)
 class Answer:
     """An answer read whole: the reply it holds, and what the client gets: the body of a
-    completion, or the events of a stream."""
+    completion (`completion`: that body parsed, when it was), or the events of a stream."""
 
     reply: Message | None
     usage: dict[str, Any] | None
     payload: bytes = b""
     media_type: str = "application/json"
     events: list[bytes] | None = None
+    completion: dict[str, Any] | None = None
 
 
-async def _read_stream(
-    response: UpstreamResponse, facts: ResultFacts, hide_usage: bool, conform: bool, idle_s: float
-) -> Answer:
-    framer, collector, events = SSEFramer(), ReplyCollector(), []
-    while True:
-        try:
-            async with asyncio.timeout(idle_s):
-                chunk = await response.next_chunk()
-        except TimeoutError:
-            raise UpstreamTimeout("The engine stopped sending mid-stream.") from None
-        if not chunk:
-            break
-        for event in framer.feed(chunk):
-            collector.feed(event)
-            if facts.observe_event(event) and hide_usage:
-                continue
-            events.append(conform_event(event) if conform else event)
-    if not collector.done:  # the body ended, the stream did not: an answer cut short
-        raise UpstreamError("The engine's stream ended without [DONE].")
+async def _read_stream(response: UpstreamResponse, steps: EventSteps, idle_s: float) -> Answer:
+    events: list[bytes] = []
+    stream = chat_events(response.next_chunk, idle_s=idle_s)
+    async with aclosing(stream):
+        async for event in stream:
+            if (passed := await steps.take(event)) is not None:
+                events.append(passed)
     response.release()
-    return Answer(collector.message(), collector.usage, events=events)
+    reply = steps.reply
+    assert reply is not None  # collected: an answer read whole is read for its reply
+    return Answer(reply.message(), reply.usage, events=events)
 
 
 async def read_answer(
@@ -68,15 +61,14 @@ async def read_answer(
 ) -> Answer:
     """The whole answer and the reply it holds; a stream keeps its events as sent."""
     response = dispatch.response
-    outcome: Outcome = "released"  # cancelled: the client went away
+    outcome: SlotOutcome = "released"  # cancelled: the client went away
     try:
         async with asyncio.timeout_at(dispatch.deadline):
             if stream:
-                answer = await _read_stream(response, facts, hide_usage, conform, idle_s)
+                steps = EventSteps(facts, hide_usage=hide_usage, conform=conform, collect=True)
+                answer = await _read_stream(response, steps, idle_s)
             else:
-                payload = conform_response(await response.read())
-                reply, usage = reply_from_completion(payload, facts.take)
-                answer = Answer(reply, usage, payload, response.content_type)
+                answer = await _read_completion(response, facts)
         outcome = "ok"
         facts.reply = answer.reply
         return answer
@@ -94,3 +86,11 @@ async def read_answer(
         raise exc.upstream_error() from None
     finally:
         dispatch.finish(outcome)
+
+
+async def _read_completion(response: UpstreamResponse, facts: ResultFacts) -> Answer:
+    # Parsed once: conformance, telemetry, the reply and the Responses API read one parse.
+    payload, completion = conform_completion(await response.read())
+    facts.take(completion)
+    reply, usage = reply_of(completion)
+    return Answer(reply, usage, payload, response.content_type, completion=completion)

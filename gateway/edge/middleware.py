@@ -19,6 +19,7 @@ import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gateway.headers import TRACE_ID_ASGI
 from gateway.telemetry.record import RequestRecord
 from gateway.telemetry.service import Telemetry
 
@@ -64,7 +65,7 @@ class EdgeMiddleware:
                 request_id, operation, route=scope["path"], traceparent=traceparent or None
             )
             state["telemetry"] = record
-            added.append((b"x-gateway-trace-id", record.trace.trace_id_hex.encode("ascii")))
+            added.append((TRACE_ID_ASGI, record.trace.trace_id_hex.encode("ascii")))
 
         async def observed(message: Message) -> None:
             kind = message["type"]

@@ -101,7 +101,7 @@ class Pool:
         return self._all
 
     @property
-    def healthy(self) -> list[Replica]:
+    def healthy_replicas(self) -> list[Replica]:
         return [r for r in self._all if r.healthy]
 
     @property
@@ -215,15 +215,21 @@ class Fleet:
         pool = self.models.get(alias)
         if pool is None or not pool.serves(endpoint):
             detail = "does not exist" if pool is None else f"does not serve /v1/{_path(endpoint)}"
-            available = ", ".join(sorted(self.descriptions))
-            raise ModelNotFound(
-                f"The model `{alias}` {detail}. Available models: {available}.",
-                param="model",
-            )
+            raise UnservedModel(f"The model `{alias}` {detail}.", sorted(self.descriptions))
         return pool
 
     def all_replicas(self) -> list[Replica]:
         return [r for pool in self.pools.values() for r in pool.replicas]
+
+
+class UnservedModel(ModelNotFound):
+    """A model that cannot serve the request. `problem` says why without naming other
+    models, so a caller that may name only some (a tenant's) lists its own."""
+
+    def __init__(self, problem: str, available: list[str] | None = None) -> None:
+        listed = f" Available models: {', '.join(available)}." if available is not None else ""
+        super().__init__(problem + listed, param="model")
+        self.problem = problem
 
 
 def _path(endpoint: Endpoint) -> str:

@@ -30,7 +30,7 @@ def prompt_bytes(
     array starts with the earlier turn's bytes (only the closing bracket differs), so
     every whole block before the end is shared. `tools_json` and `messages_json`, when
     given, are the body's tools and messages already serialised by orjson (the
-    canonicaliser has the tools; the request keeps its messages for the engine's body).
+    canonicalizer has the tools; the request keeps its messages for the engine's body).
     """
     messages = body.get("messages")
     if isinstance(messages, list):

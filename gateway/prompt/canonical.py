@@ -1,4 +1,4 @@
-"""Prompt canonicalisation: the same meaning renders the same bytes, so the engine's
+"""Prompt canonicalization: the same meaning renders the same bytes, so the engine's
 prefix cache sees the same prefix.
 
 - Tools are sorted by function name and every schema is rebuilt with sorted keys (JSON
@@ -75,7 +75,7 @@ class Canonicalizer:
     def __init__(self, spec: CanonicalizeSpec) -> None:
         self.spec = spec
         # Serialised tools as sent -> (canonical tools or None if already canonical, their
-        # bytes). An agent sends the same tool set every turn: canonicalise it once.
+        # bytes). An agent sends the same tool set every turn: canonicalize it once.
         self._tools_cache: OrderedDict[bytes, tuple[list[Any] | None, bytes]] = OrderedDict()
         volatile = spec.volatile
         self._patterns: list[tuple[str, LinearRegex]] = []

@@ -25,14 +25,14 @@ class PrefixSteps:
         self._prefix_routing = policy.routing.strategy == "cache_aware"
         self._fingerprints = fingerprints
         self._metrics = metrics
-        # One canonicaliser (and tool cache) per distinct setting, not per model alias.
+        # One canonicalizer (and tool cache) per distinct setting, not per model alias.
         shared = Canonicalizer(policy.canonicalize)
         self._canonical = {
             alias: Canonicalizer(model.canonicalize) if model.canonicalize else shared
             for alias, model in policy.models.items()
         }
 
-    def canonicalise(self, request: InboundRequest) -> tuple[InboundRequest, bytes | None]:
+    def canonicalize(self, request: InboundRequest) -> tuple[InboundRequest, bytes | None]:
         """The canonical request, and its tools serialised (prefix hashing reuses them)."""
         if request.endpoint is not Endpoint.chat:
             return request, None

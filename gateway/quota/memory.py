@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from gateway.quota.store import MINUTE_MS, Bucket, BucketState, Period, Verdict
+from gateway.quota.store import MINUTE_MS, Bucket, BucketState, Period, QuotaVerdict
 
 
 class MemoryQuotaStore:
@@ -27,7 +27,7 @@ class MemoryQuotaStore:
         periods: Sequence[Period],
         *,
         enforce_budget: bool,
-    ) -> Verdict:
+    ) -> QuotaVerdict:
         self._check_up()
         now = self._clock_ms()
         levels = [self._level(b, now) for b in buckets]
@@ -55,10 +55,10 @@ class MemoryQuotaStore:
             _state(b, level, took) for b, level, took in zip(buckets, levels, taken, strict=True)
         )
         if over >= 0:
-            return Verdict("over_budget", over, math.ceil(wait), states, used)
+            return QuotaVerdict("over_budget", over, math.ceil(wait), states, used)
         if denied >= 0:
-            return Verdict("rate_limited", denied, math.ceil(wait), states, used)
-        return Verdict("admitted", -1, 0, states, used)
+            return QuotaVerdict("rate_limited", denied, math.ceil(wait), states, used)
+        return QuotaVerdict("admitted", -1, 0, states, used)
 
     async def settle(
         self,
@@ -96,7 +96,7 @@ class MemoryQuotaStore:
 
 
 def _first_over(periods: Sequence[Period], used: Sequence[tuple[int, int]]) -> int:
-    """The first budget limit the request would pass, as `Verdict.denied` numbers it."""
+    """The first budget limit the request would pass, as `QuotaVerdict.denied` numbers it."""
     for i, (period, (tokens, nusd)) in enumerate(zip(periods, used, strict=True)):
         if period.token_limit is not None and tokens + period.tokens > period.token_limit:
             return 2 * i

@@ -40,6 +40,7 @@ from typing import Literal
 
 from redis.exceptions import RedisError
 
+from gateway import headers as gateway_headers
 from gateway.chat.inbound import InboundRequest
 from gateway.errors import BudgetExceeded, RateLimited, StateUnavailable
 from gateway.policy import Endpoint, Policy
@@ -48,7 +49,7 @@ from gateway.policy.schema import TenantSpec
 from gateway.policy.telemetry import PriceSpec
 from gateway.quota.estimate import estimate_nusd, estimate_tokens
 from gateway.quota.headers import go_duration, rate_headers, retry_after
-from gateway.quota.store import Bucket, Period, QuotaStore, Verdict
+from gateway.quota.store import Bucket, Period, QuotaStore, QuotaVerdict
 from gateway.state.keys import quota_key
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.prices import NANO, Prices
@@ -135,7 +136,7 @@ class Quota:
                 verdict = await self._store.admit(tenant, buckets, periods, enforce_budget=False)
                 if verdict.outcome == "admitted":
                     self._metrics.budget_exceeded.labels(tenant, limit, "downgraded").inc()
-                headers["X-Gateway-Budget"] = "downgraded"
+                headers[gateway_headers.BUDGET] = "downgraded"
         except (RedisError, OSError) as exc:
             self._store_failed(exc)
             return None
@@ -246,7 +247,7 @@ class Quota:
         budget: BudgetSpec,
         request: InboundRequest,
         periods: tuple[Period, ...],
-        verdict: Verdict,
+        verdict: QuotaVerdict,
     ) -> str:
         """The model an over-budget request is served by; BudgetExceeded when the budget
         rejects, or its downgrade model cannot serve this endpoint."""
@@ -258,7 +259,7 @@ class Quota:
         return target
 
     def _over_budget(
-        self, tenant: str, periods: tuple[Period, ...], verdict: Verdict
+        self, tenant: str, periods: tuple[Period, ...], verdict: QuotaVerdict
     ) -> BudgetExceeded:
         period = periods[verdict.denied // 2]
         tokens_used, nusd_used = verdict.used[verdict.denied // 2]
@@ -289,7 +290,7 @@ class Quota:
         tenant: str,
         identity: Identity | None,
         buckets: tuple[Bucket, ...],
-        verdict: Verdict,
+        verdict: QuotaVerdict,
     ) -> RateLimited:
         bucket, state = buckets[verdict.denied], verdict.buckets[verdict.denied]
         self._metrics.rate_limited.labels(tenant, bucket.limit).inc()

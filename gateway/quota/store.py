@@ -52,7 +52,7 @@ from gateway.state.keys import quota_key
 from gateway.state.redis_client import RedisClient
 
 Unit = Literal["requests", "tokens"]
-Outcome = Literal["admitted", "rate_limited", "over_budget"]
+QuotaOutcome = Literal["admitted", "rate_limited", "over_budget"]
 MINUTE_MS = 60_000
 
 
@@ -97,8 +97,8 @@ class BucketState:
 
 
 @dataclass(frozen=True, slots=True)
-class Verdict:
-    outcome: Outcome
+class QuotaVerdict:
+    outcome: QuotaOutcome
     # rate_limited: the index of the bucket that refused (the longest wait); over_budget:
     # 2 * period index, plus 1 when the money limit refused (else the token limit).
     denied: int
@@ -115,7 +115,7 @@ class QuotaStore(Protocol):
         periods: Sequence[Period],
         *,
         enforce_budget: bool,
-    ) -> Verdict:
+    ) -> QuotaVerdict:
         """Check every bucket and (with `enforce_budget`) every budget limit; charge them
         all when all have room, else nothing. Periods are charged either way once
         admitted (a request served over budget still counts)."""
@@ -273,7 +273,7 @@ return 1
 """
 )
 
-_OUTCOMES: dict[int, Outcome] = {1: "admitted", 0: "rate_limited", 2: "over_budget"}
+_OUTCOMES: dict[int, QuotaOutcome] = {1: "admitted", 0: "rate_limited", 2: "over_budget"}
 
 
 class RedisQuotaStore:
@@ -289,7 +289,7 @@ class RedisQuotaStore:
         periods: Sequence[Period],
         *,
         enforce_budget: bool,
-    ) -> Verdict:
+    ) -> QuotaVerdict:
         args: list[int] = [len(buckets), len(periods), int(enforce_budget)]
         for bucket in buckets:
             args += [bucket.capacity, bucket.cost]
@@ -331,9 +331,9 @@ def _or_none(limit: int | None) -> int:
     return -1 if limit is None else limit
 
 
-def _verdict(raw: Any, buckets: int, periods: int) -> Verdict:
+def _verdict(raw: Any, buckets: int, periods: int) -> QuotaVerdict:
     values = [int(v) for v in raw]
     states = tuple(BucketState(*values[3 + 3 * i : 6 + 3 * i]) for i in range(buckets))
     base = 3 + 3 * buckets
     used = tuple((values[base + 2 * p], values[base + 2 * p + 1]) for p in range(periods))
-    return Verdict(_OUTCOMES[values[0]], values[1] - 1, values[2], states, used)
+    return QuotaVerdict(_OUTCOMES[values[0]], values[1] - 1, values[2], states, used)

@@ -33,6 +33,7 @@ from tenacity import (
     wait_random_exponential,
 )
 
+from gateway import headers as gateway_headers
 from gateway.errors import (
     GatewayError,
     NoHealthyReplica,
@@ -48,7 +49,7 @@ from gateway.policy.resilience import RetrySpec
 from gateway.resilience.breaker import ReplicaBreaker
 from gateway.resilience.fair_share import FairQueue, Ticket
 from gateway.routing.costs import RouteRequest
-from gateway.routing.router import Decision, Router
+from gateway.routing.router import ReplicaChoice, Router
 from gateway.telemetry import names
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.record import Attempt, RequestRecord
@@ -56,7 +57,7 @@ from gateway.upstream.client import ConnectFailed, Upstream, UpstreamResponse
 
 log = logging.getLogger(__name__)
 
-Outcome = Literal["ok", "failed", "released"]
+SlotOutcome = Literal["ok", "failed", "released"]
 
 
 @dataclass
@@ -73,7 +74,7 @@ class _Slot:
     pool: Pool
     done: bool = False
 
-    def give_back(self, outcome: Outcome) -> None:
+    def give_back(self, outcome: SlotOutcome) -> None:
         if self.done:
             return
         self.done = True
@@ -95,7 +96,7 @@ class _Slot:
 
 @dataclass
 class Dispatch:
-    decision: Decision
+    decision: ReplicaChoice
     response: UpstreamResponse
     _slot: _Slot
     _attempt: Attempt
@@ -108,14 +109,14 @@ class Dispatch:
 
     def headers(self) -> dict[str, str]:
         out = {
-            "X-Gateway-Replica": self.replica.id,
-            "X-Gateway-Route": self.decision.header(),
+            gateway_headers.REPLICA: self.replica.id,
+            gateway_headers.ROUTE: self.decision.header(),
         }
         if self.attempts > 1:
-            out["X-Gateway-Attempts"] = str(self.attempts)
+            out[gateway_headers.ATTEMPTS] = str(self.attempts)
         return out
 
-    def finish(self, outcome: Outcome) -> None:
+    def finish(self, outcome: SlotOutcome) -> None:
         """The answer was read (ok), broke (failed) or was abandoned by the client."""
         self._slot.give_back(outcome)
         self._attempt.end(outcome)

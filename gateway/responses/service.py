@@ -1,6 +1,6 @@
 """`POST /v1/responses`: continue the conversation `previous_response_id` names, from the
 session checkpoints, and ask the engine through the ordinary chat pipeline (routing,
-canonicalisation, trimming, checkpointing all apply).
+canonicalization, trimming, checkpointing all apply).
 
 A response without `previous_response_id` starts a session named after it. Continuing from
 the latest response of a session appends to it; continuing from an earlier one branches: a
@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import replace
 from typing import Any
 
 import orjson
-from starlette.responses import Response, StreamingResponse
 
 from gateway.chat.inbound import (
     check_array_length,
@@ -27,6 +27,7 @@ from gateway.chat.inbound import (
     json_object,
 )
 from gateway.chat.messages import Message
+from gateway.delivery.served import Served
 from gateway.errors import InvalidRequest, NotFound
 from gateway.pipeline import Pipeline
 from gateway.policy import Endpoint
@@ -40,7 +41,7 @@ from gateway.responses.convert import (
     usage_of,
 )
 from gateway.responses.records import ResponseRecords
-from gateway.responses.stream import ResponseEvents
+from gateway.responses.stream import ConvertedStream, ResponseEvents
 from gateway.sessions.checkpoints import history
 from gateway.sessions.ids import SessionRef
 from gateway.sessions.store import CheckpointStore, fork_to_new_id
@@ -71,7 +72,7 @@ class ResponsesService:
         record: RequestRecord,
         access: TenantAccess = OPEN_ACCESS,
         identity: Identity | None = None,
-    ) -> Response:
+    ) -> Served:
         """`access`: the caller's tenant; its responses and sessions are the only ones it
         can continue (another tenant's `previous_response_id` is 404). `identity`: the
         caller's key (its rate limits)."""
@@ -99,7 +100,7 @@ class ResponsesService:
             access=access,
             identity=identity,
         )
-        reply = await self._pipeline.handle(Endpoint.chat, orjson.dumps(body), context)
+        served = await self._pipeline.handle(Endpoint.chat, body, context)
         record_base = {
             "session": context.session.id if context.session else None,
             "request_id": response_id,
@@ -111,11 +112,10 @@ class ResponsesService:
                 kept = {**record_base, "response": response}
                 await self._records.put(response_id, kept, tenant=tenant)
 
-        if isinstance(reply, StreamingResponse):  # relayed, or replayed after checks
+        if served.stream is not None:  # relayed, or replayed after checks
             events = ResponseEvents(response_id, request, created_at, keep)
-            reply.body_iterator = events.convert(reply.body_iterator)  # type: ignore[arg-type]
-            return reply
-        completion = orjson.loads(bytes(reply.body))
+            return replace(served, stream=ConvertedStream(events, served.stream))
+        completion = served.completion()
         choice = (completion.get("choices") or [{}])[0]
         response = response_object(
             response_id,
@@ -127,8 +127,7 @@ class ResponsesService:
             finish_reason=choice.get("finish_reason"),
         )
         await keep(response)
-        headers = {k: v for k, v in reply.headers.items() if k.lower().startswith("x-gateway")}
-        return Response(orjson.dumps(response), media_type="application/json", headers=headers)
+        return Served(served.headers, orjson.dumps(response))
 
     async def get(self, response_id: str, tenant: str = DEFAULT_TENANT) -> dict[str, Any]:
         record = await self._records.get(response_id, tenant=tenant)

@@ -16,7 +16,8 @@ from typing import Any
 import orjson
 
 from gateway.chat.conformance import NotAnAnswer, check_shape
-from gateway.chat.sse import DONE, chat_chunks
+from gateway.chat.stream import DONE, chunks_of
+from gateway.delivery.served import EventStream
 from gateway.responses.convert import message_item, response_object, usage_of
 
 
@@ -60,7 +61,7 @@ class ResponseEvents:
         yield self._event("response.created", response=self._response("in_progress", []))
         yield self._event("response.in_progress", response=self._response("in_progress", []))
         async for raw in chat_events:
-            for chunk in chat_chunks(raw):
+            for chunk in chunks_of(raw):
                 if chunk is DONE:
                     for event in await self._finish():
                         yield event
@@ -229,6 +230,21 @@ class ResponseEvents:
         # A response cut short by max_output_tokens ends with `response.incomplete`.
         events.append(self._event(f"response.{response['status']}", response=response))
         return events
+
+
+class ConvertedStream:
+    """A chat stream (relayed or replayed) sent as Responses API events; closing it closes
+    the chat stream (and gives its replica back)."""
+
+    def __init__(self, converter: ResponseEvents, chat: EventStream) -> None:
+        self._converter = converter
+        self._chat = chat
+
+    def events(self) -> AsyncIterator[bytes]:
+        return self._converter.convert(self._chat.events())
+
+    def close(self) -> None:
+        self._chat.close()
 
 
 def _first(pair: tuple[int, dict[str, Any]]) -> int:

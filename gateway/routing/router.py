@@ -44,7 +44,7 @@ def _no_engine_load(url: str) -> EngineLoad | None:
 
 
 @dataclass(frozen=True)
-class Decision:
+class ReplicaChoice:
     replica: Replica
     reason: str  # prefix | session | load | rotation
     cached_blocks: int
@@ -58,9 +58,9 @@ class Decision:
 class Router(Protocol):
     def choose(
         self, replicas: Sequence[Replica], request: RouteRequest, exclude: frozenset[Replica]
-    ) -> Decision | None: ...
+    ) -> ReplicaChoice | None: ...
 
-    def dispatched(self, decision: Decision, request: RouteRequest) -> None: ...
+    def dispatched(self, decision: ReplicaChoice, request: RouteRequest) -> None: ...
 
     def forget(self, replica_id: str) -> None:
         """The replica left its pool: drop what is known about it (if it comes back, its
@@ -142,7 +142,7 @@ class CacheAwareRouter:
         replicas: Sequence[Replica],
         request: RouteRequest,
         exclude: frozenset[Replica] = frozenset(),
-    ) -> Decision | None:
+    ) -> ReplicaChoice | None:
         healthy = available(replicas, exclude)
         if not healthy:
             return None
@@ -159,7 +159,7 @@ class CacheAwareRouter:
         tied = [i for i, total in enumerate(totals) if total <= best + 1e-9]
         pick = tied[next(self._turn) % len(tied)] if len(tied) > 1 else tied[0]
         chosen = candidates[pick]
-        return Decision(
+        return ReplicaChoice(
             replica=chosen.replica,
             reason=_reason(chosen, candidates, request, len(tied)),
             cached_blocks=chosen.cached_blocks,
@@ -167,7 +167,7 @@ class CacheAwareRouter:
             costs={name: values[pick] for name, values in priced.items()},
         )
 
-    def dispatched(self, decision: Decision, request: RouteRequest) -> None:
+    def dispatched(self, decision: ReplicaChoice, request: RouteRequest) -> None:
         replica = decision.replica.id
         self._load.add(replica, len(request.blocks) - decision.cached_blocks + 1)
         self._index.record(replica, request.blocks)
@@ -238,14 +238,14 @@ class RoundRobinRouter:
         replicas: Sequence[Replica],
         request: RouteRequest,
         exclude: frozenset[Replica] = frozenset(),
-    ) -> Decision | None:
+    ) -> ReplicaChoice | None:
         healthy = available(replicas, exclude)
         if not healthy:
             return None
         replica = healthy[next(self._turn) % len(healthy)]
-        return Decision(replica, "rotation", 0, len(request.blocks))
+        return ReplicaChoice(replica, "rotation", 0, len(request.blocks))
 
-    def dispatched(self, decision: Decision, request: RouteRequest) -> None:
+    def dispatched(self, decision: ReplicaChoice, request: RouteRequest) -> None:
         pass
 
     def forget(self, replica_id: str) -> None:

@@ -5,7 +5,7 @@ new messages (or, when the client rewrote its history, all of it, marked `rewrit
 assistant's reply, and what the engine received besides the history (tool sets are kept
 once per session by digest). Folding the checkpoints in order gives the conversation at
 any turn, and the exact request the engine saw at turn n is rebuilt from it; where the
-engine's messages differ from the conversation (a canonicaliser moved volatile values), the
+engine's messages differ from the conversation (a canonicalizer moved volatile values), the
 checkpoint holds the engine's messages whole. So a 32 KB session costs about 32 KB of
 Redis, not the sum of every turn's context.
 """

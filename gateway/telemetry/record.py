@@ -16,7 +16,7 @@ from typing import Any, Literal, Protocol
 
 from gateway.chat.conformance import check_shape
 from gateway.chat.inbound import InboundRequest
-from gateway.chat.sse import chat_chunks
+from gateway.chat.stream import chunks_of
 from gateway.tenants.identity import DEFAULT_TENANT
 
 AttemptOutcome = Literal["ok", "failed", "released", "refused", "pending"]
@@ -148,17 +148,18 @@ class ResultFacts:
             self.cached_tokens = _int(details.get("cached_tokens"))
 
     def observe_event(self, event: bytes) -> bool:
-        """Take in one SSE event of a chat or text completion stream, parsing only the
-        few that carry facts (the first, the usage chunk, finish reasons); True when the
-        event was only the usage chunk that `stream_options.include_usage` adds. Raises
-        NotAnAnswer when a chunk it parses has the wrong shape."""
+        """Take in one SSE event of a chat or text completion stream, reading only the
+        few that carry facts (the first, the usage chunk, finish reasons: a ChatEvent's
+        parse is kept for whoever reads it next); True when the event was only the usage
+        chunk that `stream_options.include_usage` adds. Raises NotAnAnswer when a chunk it
+        reads has the wrong shape."""
         usage = _USAGE.search(event) is not None
         if not usage and event.startswith(b"data: {"):
             self.chunks += 1
         if not (usage or self.response_model is None or _FINISHED.search(event)):
             return False
         usage_only = False
-        for chunk in chat_chunks(event):
+        for chunk in chunks_of(event):
             if isinstance(chunk, dict):
                 check_shape(chunk, "delta")  # NotAnAnswer: the engine's failure, a 502
                 self.take(chunk)

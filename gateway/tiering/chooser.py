@@ -17,8 +17,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from gateway.errors import ModelNotFound
-from gateway.fleet.replicas import Fleet, Pool, Replica
+from gateway import headers
+from gateway.fleet.replicas import Fleet, Pool, Replica, UnservedModel
 from gateway.policy import Endpoint, Policy
 from gateway.policy.tenant_overrides import TierClamps
 from gateway.policy.tiering import TieringSpec
@@ -57,9 +57,9 @@ class TierChoice:
     fallback: str | None = None  # the fallback model serving, when the asked one could not
 
     def header_values(self) -> dict[str, str]:
-        values = {"X-Gateway-Tier": self.tier, "X-Gateway-Route-Reason": self.reason}
+        values = {headers.TIER: self.tier, headers.ROUTE_REASON: self.reason}
         if self.fallback is not None:
-            values["X-Gateway-Fallback"] = self.fallback
+            values[headers.FALLBACK] = self.fallback
         return values
 
 
@@ -226,8 +226,7 @@ class TierChooser:
 
     def _check_serves(self, alias: str, route: _Route, endpoint: Endpoint) -> None:
         if not all(pool.serves(endpoint) for pool in route.pools.values()):
-            raise ModelNotFound(
+            raise UnservedModel(
                 f"The model `{alias}` does not serve this endpoint: its tiers' pools "
-                f"({', '.join(p.name for p in route.pools.values())}) do not.",
-                param="model",
+                f"({', '.join(p.name for p in route.pools.values())}) do not."
             )

@@ -1,2 +1,7 @@
-"""Talking to one engine: the HTTP/1.1 client seam, SSE framing, relaying a
-stream, reading an answer whole, and checking that answers have the shape they should."""
+"""Talking to one engine: the client seam (`client.py`: `Upstream`, `UpstreamResponse`,
+`ConnectFailed`) and its pooled HTTP/1.1 implementation (`http1.py`).
+
+Three words for the far end, each for one thing: an *engine* is a vLLM process; a
+*replica* is an engine as a member of a pool (gateway/fleet/); *upstream* is the client
+side of one call to it. What happens to the answer is gateway/delivery/'s.
+"""

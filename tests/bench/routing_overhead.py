@@ -3,9 +3,9 @@
     .venv/bin/python -m tests.bench.routing_overhead [--out FILE]     (make bench-routing)
 
 Times what the gateway adds on the request path for routing, on real tau-bench agent
-requests (6 KB system prompt, 14 tools, growing history): canonicalisation, prefix block
+requests (6 KB system prompt, 14 tools, growing history): canonicalization, prefix block
 hashing, filter/cost/pick over 8 replicas and the after-dispatch bookkeeping. The routing
-decision is hashing + choose + record; canonicalisation runs whatever the routing strategy
+decision is hashing + choose + record; canonicalization runs whatever the routing strategy
 (it rewrites the prompt) and is shown on its own and in the total. Prints
 p50/p99 over all rounds (and each round's p99: this machine kind shares its CPUs, so
 figures move between runs) and writes JSON. Garbage collection stays on, as in the gateway.
@@ -63,7 +63,7 @@ def main() -> int:
     bodies = requests(args.requests)
     rng = random.Random(0)
     samples: dict[str, list[float]] = {
-        "canonicalise": [],
+        "canonicalize": [],
         "blocks": [],
         "choose+record": [],
         "routing decision": [],
@@ -86,7 +86,7 @@ def main() -> int:
             router.dispatched(decision, route)
             t3 = time.perf_counter_ns()
             for name, ns in (
-                ("canonicalise", t1 - t0),
+                ("canonicalize", t1 - t0),
                 ("blocks", t2 - t1),
                 ("choose+record", t3 - t2),
                 ("routing decision", t3 - t1),

@@ -44,7 +44,7 @@ def main() -> int:
             tools = sorted(turn["tools"], key=lambda t: t["function"]["name"])
             text = tokenizer.apply_chat_template(
                 turn["messages"],
-                # as the gateway's canonicaliser sends them: keys sorted at every level
+                # as the gateway's canonicalizer sends them: keys sorted at every level
                 tools=[json.loads(json.dumps(t, sort_keys=True)) for t in tools],
                 add_generation_prompt=True,
                 tokenize=False,

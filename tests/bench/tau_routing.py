@@ -11,8 +11,8 @@ report: uncached prompt tokens, sum(prompt_tokens - cached_tokens).
 
 Targets: the gateway (cache-aware), the gateway set to round-robin, the Rust
 `vllm-router --policy cache_aware` (its own cached virtual environment), and the gateway
-with the client shuffling tool order on every request (add `--with-uncanonicalised` for the
-same without canonicalisation: slow, every request misses), and one replica alone: the
+with the client shuffling tool order on every request (add `--with-uncanonicalized` for the
+same without canonicalization: slow, every request misses), and one replica alone: the
 bound no routing can beat, since it sees every turn (two replicas must each compute the
 shared system+tools prefix once more). Requests per replica come from each engine's own
 /metrics; each gateway's request log is kept in .run/bench/tau-request-logs/.
@@ -80,7 +80,7 @@ TENANTS = [
 TENANT_KEYS = ("sk-agw-bench-tenant-a-51c0", "sk-agw-bench-tenant-b-9e7d")
 # Every request misses after the system prompt: slow on CPU, so only on request.
 UNCANONICALISED = Target(
-    "gateway, tools shuffled, no canonicalisation",
+    "gateway, tools shuffled, no canonicalization",
     "gateway",
     canonicalize=False,
     shuffle_tools=True,
@@ -310,7 +310,7 @@ def main() -> int:
     parser.add_argument("--max-context-chars", type=int, default=30_000)
     parser.add_argument("--out", default=str(ROOT / ".run" / "bench" / "tau-routing.json"))
     parser.add_argument(
-        "--with-uncanonicalised", action="store_true", help="also shuffle without canonicalisation"
+        "--with-uncanonicalized", action="store_true", help="also shuffle without canonicalization"
     )
     parser.add_argument(
         "--with-tenants",
@@ -324,7 +324,7 @@ def main() -> int:
         help="a target's name to run, repeatable (default: all; names may hold commas)",
     )
     args = parser.parse_args()
-    targets = [*TARGETS, UNCANONICALISED] if args.with_uncanonicalised else TARGETS
+    targets = [*TARGETS, UNCANONICALISED] if args.with_uncanonicalized else TARGETS
     if args.with_tenants:
         targets = [*targets, *TENANTS]
     if args.only:

@@ -265,7 +265,7 @@ def test_one_trace_spans_the_agent_the_gateway_and_the_engine(observed: Observed
     assert attrs["gen_ai.usage.input_tokens"] > 0
     assert attrs["gateway.request_id"] == observed.traced_request_id
     assert attrs["gateway.tier"] == "large"
-    for stage in ("hydrate", "canonicalise", "choose_tier", "choose_replica", "upstream"):
+    for stage in ("hydrate", "canonicalize", "choose_tier", "choose_replica", "upstream"):
         assert by_name[stage]["parent_id"] == root["span_id"], stage
     upstream = by_name["upstream"]
     engine = [s["name"] for s in spans if s["parent_id"] == upstream["span_id"]]

@@ -78,5 +78,5 @@ def test_session_prefix_change_is_reported_through_the_gateway(http: httpx.Clien
     )
     fewer = http.post("/chat/completions", json={**base, "tools": tools[1:]}, headers=headers)
     assert first.status_code == reordered.status_code == fewer.status_code == 200
-    assert "x-gateway-prefix-change" not in reordered.headers  # canonicalised: same prefix
+    assert "x-gateway-prefix-change" not in reordered.headers  # canonicalized: same prefix
     assert fewer.headers["x-gateway-prefix-change"] == "tools"

@@ -16,6 +16,7 @@ from gateway.app import create_app
 from gateway.policy import Policy, parse_policy
 from gateway.state.store import StateStore
 from tests.fakes import Call, FakeUpstream, Scripted
+from tests.policies import with_redis
 
 
 def sha256(key: str) -> str:
@@ -68,9 +69,8 @@ def two_tenant_yaml(
 ) -> str:
     """`a` may use both models, `b` only `tiny`; run-time keys are not cached. `a_settings`
     and `b_settings` are more of each tenant's settings, as a YAML flow mapping's items."""
-    return f"""\
+    policy = f"""\
 version: 1
-state: {{redis_url: "{redis_url}"}}
 auth: {auth}
 pools:
   chat: {{served_model: served, replicas: [{{url: "http://a.test:1"}}]}}
@@ -84,6 +84,7 @@ tenants:
   {b.name}: {{{b_settings}
     keys: [{{sha256: {sha256(b.key)}, name: bob}}], models: [tiny]}}
 {extra}"""
+    return with_redis(policy, redis_url)
 
 
 def two_tenant_policy(redis_url: str, a: Tenant, b: Tenant, **options: str) -> Policy:

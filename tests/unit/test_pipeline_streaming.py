@@ -11,6 +11,7 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import StreamingResponse
 from starlette.types import Message, Scope
 
+from gateway.api.inference import render
 from gateway.fleet.replicas import Fleet
 from gateway.pipeline import Pipeline
 from gateway.policy import Endpoint, parse_policy
@@ -62,7 +63,7 @@ async def test_each_event_is_forwarded_before_the_next_one_exists() -> None:
     upstream = GatedUpstream()
     fleet = Fleet(POLICY)
     pipeline = make_pipeline(fleet, upstream)
-    response = await pipeline.handle(Endpoint.chat, BODY, RequestContext("rid"))
+    response = render(await pipeline.handle(Endpoint.chat, BODY, RequestContext("rid")))
     assert isinstance(response, StreamingResponse)
     events = cast(AsyncGenerator[bytes, None], response.body_iterator)
 
@@ -82,7 +83,7 @@ async def test_client_going_away_aborts_the_engine_request() -> None:
     upstream = GatedUpstream()
     fleet = Fleet(POLICY)
     pipeline = make_pipeline(fleet, upstream)
-    response = await pipeline.handle(Endpoint.chat, BODY, RequestContext("rid"))
+    response = render(await pipeline.handle(Endpoint.chat, BODY, RequestContext("rid")))
     assert isinstance(response, StreamingResponse)
     events = cast(AsyncGenerator[bytes, None], response.body_iterator)
     await upstream.gate.put(b"data: 1\n\n")
@@ -102,7 +103,7 @@ async def test_response_cancelled_before_its_first_byte_still_frees_the_replica(
     upstream = GatedUpstream()
     fleet = Fleet(POLICY)
     pipeline = make_pipeline(fleet, upstream)
-    response = await pipeline.handle(Endpoint.chat, BODY, RequestContext("rid"))
+    response = render(await pipeline.handle(Endpoint.chat, BODY, RequestContext("rid")))
     assert fleet.pools["p"].replicas[0].inflight == 1
 
     async def receive() -> Message:
@@ -147,7 +148,9 @@ async def test_a_session_turn_is_checkpointed_before_done_is_forwarded() -> None
         return await append(*args, **kwargs)
 
     store.append = recording_append  # type: ignore[method-assign]
-    response = await pipeline.handle(Endpoint.chat, BODY, RequestContext("r", session_id="s"))
+    response = render(
+        await pipeline.handle(Endpoint.chat, BODY, RequestContext("r", session_id="s"))
+    )
     async for event in cast(StreamingResponse, response).body_iterator:
         forwarded.append(event.encode() if isinstance(event, str) else bytes(event))
     assert forwarded[-1] == b"data: [DONE]\n\n"

@@ -34,6 +34,7 @@ from gateway.runtime import Runtime
 from gateway.state.store import StateStore
 from tests.conftest import ROOT
 from tests.fakes import Call, FakeUpstream, Scripted
+from tests.policies import with_redis
 
 COMPLETION = b'{"id":"c1","object":"chat.completion","choices":[]}'
 POOLS = """\
@@ -49,10 +50,7 @@ ONE_ALIAS = "models:\n  tiny: {pool: chat}\n"
 
 
 def policy_text(redis_url: str, body: str = POOLS + ONE_ALIAS, *, server: str = "") -> str:
-    return (
-        f"version: 1\nserver: {{reload_interval_s: 0{server}}}\n"
-        f"state: {{redis_url: '{redis_url}'}}\n{body}"
-    )
+    return with_redis(f"version: 1\nserver: {{reload_interval_s: 0{server}}}\n{body}", redis_url)
 
 
 def chat(model: str, content: str = "hi") -> dict[str, Any]:

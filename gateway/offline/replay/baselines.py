@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from gateway.fleet.replicas import Replica
 from gateway.routing.costs import RouteRequest
 from gateway.routing.index import PrefixIndex
-from gateway.routing.router import Decision, available, best_cached_share
+from gateway.routing.router import ReplicaChoice, available, best_cached_share
 
 
 class SGLangStyleRouter:
@@ -39,22 +39,22 @@ class SGLangStyleRouter:
         replicas: Sequence[Replica],
         request: RouteRequest,
         exclude: frozenset[Replica] = frozenset(),
-    ) -> Decision | None:
+    ) -> ReplicaChoice | None:
         healthy = available(replicas, exclude)
         if not healthy:
             return None
         loads = [r.inflight for r in healthy]
         if max(loads) - min(loads) > self._abs and max(loads) > self._rel * min(loads):
             chosen = min(healthy, key=lambda r: r.inflight)
-            return Decision(
+            return ReplicaChoice(
                 chosen, "load", self._index.match(chosen.id, request.blocks), len(request.blocks)
             )
         matches = [self._index.match(r.id, request.blocks) for r in healthy]
         best = max(range(len(healthy)), key=lambda i: matches[i])
         if request.blocks and matches[best] / len(request.blocks) > self._threshold:
-            return Decision(healthy[best], "prefix", matches[best], len(request.blocks))
+            return ReplicaChoice(healthy[best], "prefix", matches[best], len(request.blocks))
         chosen = min(healthy, key=lambda r: len(self._held.get(r.id, ())))
-        return Decision(chosen, "smallest-cache", 0, len(request.blocks))
+        return ReplicaChoice(chosen, "smallest-cache", 0, len(request.blocks))
 
     def cached_share(self, replicas: Sequence[Replica], request: RouteRequest) -> float:
         return best_cached_share(self._index, replicas, request)
@@ -63,7 +63,7 @@ class SGLangStyleRouter:
         self._index.forget(replica_id)
         self._held.pop(replica_id, None)
 
-    def dispatched(self, decision: Decision, request: RouteRequest) -> None:
+    def dispatched(self, decision: ReplicaChoice, request: RouteRequest) -> None:
         replica = decision.replica.id
         self._index.record(replica, request.blocks)
         held = self._held.setdefault(replica, set())

@@ -264,7 +264,7 @@ def running(name: str, mock: Mock, work: Path, sink: str, redis_url: str) -> Ite
 
 
 def gateway_policy(upstream: str, sink: str, redis_url: str) -> str:
-    """One pool, the mock its replica, every default on (canonicalisation, cache-aware
+    """One pool, the mock its replica, every default on (canonicalization, cache-aware
     routing, breaker, retries, metrics, usage ledger, tracing at the default 0.1 sampling
     to a local OTLP sink). One change: admission's in-flight cap per replica (default 64)
     is raised to 256, or half the requests at concurrency 128 would get a fast 429 and

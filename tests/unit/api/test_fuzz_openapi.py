@@ -65,6 +65,7 @@ from gateway.policy.reloadable import load_policy_file
 from gateway.state.store import StateStore
 from tests.fakes import Call, FakeUpstream, Scripted
 from tests.openapi_contract import violations
+from tests.policies import with_redis
 from tests.unit.tenant_gateway import forget_tenants, sha256
 
 KEY = "sk-agw-fuzz-3c9d2e71b0a4"
@@ -73,7 +74,6 @@ TENANT = f"fuzz-{uuid.uuid4().hex[:10]}"  # everything the fuzz writes is this t
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "25"))  # per operation and generation mode
 POLICY = """\
 version: 1
-state: {{redis_url: "{redis_url}"}}
 server: {{reload_interval_s: 0}}
 auth: {{admin_keys: [{{sha256: {admin_digest}}}]}}
 pools:
@@ -232,12 +232,8 @@ OPERATIONS = _operations()
 
 
 def policy_text(redis_url: str) -> str:
-    return POLICY.format(
-        redis_url=redis_url,
-        admin_digest=sha256(ADMIN_KEY),
-        key_digest=sha256(KEY),
-        tenant=TENANT,
-    )
+    text = POLICY.format(admin_digest=sha256(ADMIN_KEY), key_digest=sha256(KEY), tenant=TENANT)
+    return with_redis(text, redis_url)
 
 
 class Trouble(logging.Handler):

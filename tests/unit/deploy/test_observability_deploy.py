@@ -20,7 +20,7 @@ from gateway.policy import parse_policy
 from gateway.resilience.dispatcher import Breakers
 from gateway.telemetry.metrics import GatewayMetrics
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 OBSERVABILITY = ROOT / "deploy" / "observability"
 PROMETHEUS = OBSERVABILITY / "prometheus.yml"
 DASHBOARD = OBSERVABILITY / "grafana-dashboard.json"

@@ -20,6 +20,7 @@ from gateway.policy import Policy, load_policy, parse_policy
 from gateway.state.store import StateStore
 from gateway.tenants.key_file import FileKeyStore, KeysFileError, parse_keys
 from tests.fakes import Call, FakeUpstream, Scripted
+from tests.policies import with_redis
 
 KEY = "sk-agw-9f2c41d7e0b84a51"
 OTHER_KEY = "sk-agw-team-b-77aa01"
@@ -44,9 +45,8 @@ UNAUTHORIZED = {
 
 
 def policy_text(redis_url: str, keys_file: str, request_log: str) -> str:
-    return f"""\
+    policy = f"""\
 version: 1
-state: {{redis_url: "{redis_url}"}}
 auth: {{keys_file: "{keys_file}", check_interval_s: 0.05}}
 telemetry:
   request_log: "{request_log}"
@@ -58,6 +58,7 @@ pools:
 models:
   tiny: {{pool: chat}}
 """
+    return with_redis(policy, redis_url)
 
 
 @dataclass

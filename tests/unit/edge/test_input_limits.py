@@ -20,6 +20,7 @@ from gateway.policy.schema import LimitsSpec
 from gateway.tenants.settings import TenantPolicies
 from gateway.untrusted.json_depth import deeper_by_walk, depth_probe
 from tests.fakes import Call, FakeUpstream, Scripted
+from tests.policies import parse_with_redis
 from tests.unit.clients import OpenGateways
 
 LIMITS = LimitsSpec(max_messages=4, max_tools=2, max_json_depth=10, max_tokens=1000)
@@ -211,7 +212,7 @@ def test_limits_are_validated_at_load() -> None:
 
 @pytest.fixture
 def policy(redis_url: str) -> Policy:
-    return parse_policy(POLICY + f"state: {{redis_url: '{redis_url}'}}\n")
+    return parse_with_redis(POLICY, redis_url)
 
 
 def answered(call: Call) -> Scripted:

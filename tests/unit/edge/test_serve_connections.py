@@ -16,6 +16,7 @@ import orjson
 import pytest
 
 from tests.integration.conftest import Gateway, running_gateway
+from tests.policies import with_redis
 
 HEADER_TIMEOUT_S = 3.0
 MAX_CONNECTIONS = 40
@@ -26,16 +27,15 @@ SLACK_S = 2.0  # a busy 2-core machine: timers fire late, never early
 def gateway(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     where = tmp_path_factory.mktemp("serve-connections")
     policy = where / "policy.yaml"
-    policy.write_text(f"""\
+    policy.write_text(with_redis(f"""\
 version: 1
 server: {{reload_interval_s: 0, header_timeout_s: {HEADER_TIMEOUT_S}, keep_alive_s: 1,
           max_connections: {MAX_CONNECTIONS}}}
-state: {{redis_url: "{redis_url}"}}
 pools:
   chat: {{served_model: served-tiny, replicas: [{{url: "http://127.0.0.1:9"}}]}}
 models:
   tiny: {{pool: chat}}
-""")  # fmt: skip
+""", redis_url))  # fmt: skip
     with running_gateway(policy, Path(where / "gateway.log")) as running:
         yield running
 

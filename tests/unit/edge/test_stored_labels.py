@@ -21,6 +21,7 @@ from gateway.sessions.ids import check_session_id
 from gateway.tenants.cli import add_keys_parser
 from gateway.tenants.stored_keys import RedisKeys
 from gateway.untrusted.client_text import check_label, control_character
+from tests.policies import parse_with_redis
 from tests.unit.asgi_calls import call
 from tests.unit.tenant_gateway import (
     forget_tenants,
@@ -114,13 +115,15 @@ def test_a_session_id_with_a_control_character_is_no_session_id(session_id: str)
 
 
 def test_a_body_session_id_with_a_trailing_newline_is_400(redis_url: str) -> None:
-    policy = parse_policy(f"""\
+    policy = parse_with_redis(
+        """\
 version: 1
-state: {{redis_url: "{redis_url}"}}
-sessions: {{key_from: [metadata, header]}}
-pools: {{chat: {{served_model: served, replicas: [{{url: "http://a.test:1"}}]}}}}
-models: {{tiny: {{pool: chat}}}}
-""")
+sessions: {key_from: [metadata, header]}
+pools: {chat: {served_model: served, replicas: [{url: "http://a.test:1"}]}}
+models: {tiny: {pool: chat}}
+""",
+        redis_url,
+    )
     client, fake = open_gateway(policy)
     try:
         body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
@@ -136,12 +139,14 @@ models: {{tiny: {{pool: chat}}}}
 
 
 def test_a_request_id_with_a_trailing_newline_is_replaced_not_echoed(redis_url: str) -> None:
-    policy = parse_policy(f"""\
+    policy = parse_with_redis(
+        """\
 version: 1
-state: {{redis_url: "{redis_url}"}}
-pools: {{chat: {{served_model: served, replicas: [{{url: "http://a.test:1"}}]}}}}
-models: {{tiny: {{pool: chat}}}}
-""")
+pools: {chat: {served_model: served, replicas: [{url: "http://a.test:1"}]}}
+models: {tiny: {pool: chat}}
+""",
+        redis_url,
+    )
     client, _ = open_gateway(policy)
     try:
         forged = call(client, "GET", "/v1/models", headers=((b"x-request-id", b"req-1\n"),))

@@ -1,4 +1,4 @@
-"""Canonicalisation golden tests: same meaning, same bytes; different meaning, different
+"""Canonicalization golden tests: same meaning, same bytes; different meaning, different
 bytes. Tool schemas come from the real tau-bench airline domain."""
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def test_canonical_prefix_blocks_survive_tool_shuffling() -> None:
     shuffled = list(TOOLS)
     rng.shuffle(shuffled)
     raw_a, raw_b = request_blocks(body(TOOLS), 512), request_blocks(body(shuffled), 512)
-    assert raw_a != raw_b  # without canonicalisation the cacheable prefix breaks
+    assert raw_a != raw_b  # without canonicalization the cacheable prefix breaks
     canon_a = request_blocks(DEFAULT.apply(body(TOOLS)).body or {}, 512)
     canon_b = request_blocks(DEFAULT.apply(body(shuffled)).body or {}, 512)
     assert canon_a == canon_b

@@ -18,10 +18,10 @@ import redis.asyncio as aioredis
 from starlette.testclient import TestClient
 
 from gateway.cli import main
-from gateway.policy import parse_policy
 from gateway.policy.quota import RateLimitSpec
 from gateway.tenants.stored_keys import RedisKeys
 from tests.fakes import Call, FakeUpstream, Scripted
+from tests.policies import parse_with_redis, with_redis
 from tests.unit.asgi_calls import call
 from tests.unit.clients import OpenGateways
 from tests.unit.tenant_gateway import forget_tenants
@@ -74,9 +74,8 @@ def stack(redis_url: str, request: pytest.FixtureRequest) -> Iterator[Stack]:
         request, "param", "rate_limits: {requests_per_minute: 3, tokens_per_minute: 10000}"
     )
     tenant, key = f"t-{uuid.uuid4().hex[:10]}", f"sk-agw-test-{uuid.uuid4().hex}"
-    policy = parse_policy(f"""\
+    policy = parse_with_redis(f"""\
 version: 1
-state: {{redis_url: "{redis_url}"}}
 auth: {{key_cache_ttl_s: 0}}
 pools:
   big: {{served_model: served-big, replicas: [{{url: "http://b.test:1"}}], price: {{input: 2.0, output: 8.0}}}}
@@ -88,7 +87,7 @@ tenants:
   {tenant}:
     keys: [{{sha256: {hashlib.sha256(key.encode()).hexdigest()}}}]
     {limits}
-""")  # fmt: skip
+""", redis_url)  # fmt: skip
     gateways = OpenGateways()
     try:
         client, fake = gateways.open(policy, engine)
@@ -217,12 +216,11 @@ def test_gateway_keys_create_stores_a_key_s_own_limits(
 ) -> None:
     tenant = f"t-{uuid.uuid4().hex[:10]}"
     policy = tmp_path / "policy.yaml"
-    policy.write_text(f"""\
-state: {{redis_url: "{redis_url}"}}
+    policy.write_text(with_redis(f"""\
 pools: {{big: {{served_model: m, replicas: [{{url: "http://b.test:1"}}]}}}}
 models: {{large: {{pool: big}}}}
 tenants: {{{tenant}: {{key_rate_limits: {{requests_per_minute: 60}}}}}}
-""")  # fmt: skip
+""", redis_url))  # fmt: skip
     try:
         create = ["keys", "create", "--tenant", tenant, "--rpm", "7", "--tpm", "900"]
         assert main([*create, "--policy", str(policy)]) == 0
@@ -255,9 +253,8 @@ def test_a_key_cutting_a_huge_stream_short_does_not_lock_its_tenant_out(redis_ur
     takes at most one bucket of debt, and the cut stream is settled on what was relayed."""
     tenant = f"t-{uuid.uuid4().hex[:10]}"
     cutter, other = (f"sk-agw-test-{uuid.uuid4().hex}" for _ in range(2))
-    policy = parse_policy(f"""\
+    policy = parse_with_redis(f"""\
 version: 1
-state: {{redis_url: "{redis_url}"}}
 auth: {{key_cache_ttl_s: 0}}
 pools: {{big: {{served_model: served-big, replicas: [{{url: "http://b.test:1"}}]}}}}
 models: {{large: {{pool: big}}}}
@@ -267,7 +264,7 @@ tenants:
            {{sha256: {hashlib.sha256(other.encode()).hexdigest()}}}]
     limits: {{max_n: 128}}
     rate_limits: {{tokens_per_minute: 2000}}
-""")  # fmt: skip
+""", redis_url)  # fmt: skip
     gateways = OpenGateways()
     try:
         client, fake = gateways.open(policy, many_choices)

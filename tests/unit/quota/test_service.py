@@ -17,7 +17,7 @@ from gateway.quota.estimate import estimate_tokens
 from gateway.quota.headers import go_duration, retry_after
 from gateway.quota.memory import MemoryQuotaStore
 from gateway.quota.service import Grant, Quota
-from gateway.quota.store import Verdict
+from gateway.quota.store import QuotaVerdict
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.record import RequestRecord
 from gateway.tenants.identity import Identity, TenantAccess
@@ -88,7 +88,7 @@ def sample(metrics: GatewayMetrics, name: str, **labels: str) -> float:
 class NoStore(MemoryQuotaStore):
     """A store that must not be called."""
 
-    async def admit(self, *args: Any, **kwargs: Any) -> Verdict:
+    async def admit(self, *args: Any, **kwargs: Any) -> QuotaVerdict:
         raise AssertionError("the store was called")
 
     async def settle(self, *args: Any, **kwargs: Any) -> None:

@@ -23,6 +23,7 @@ import pytest
 
 from tests.fault.harness import FaultUpstream, running_upstreams
 from tests.integration.conftest import Gateway, running_gateway
+from tests.policies import with_redis
 from tests.unit.tenant_gateway import forget_tenants
 
 LIMIT = 10
@@ -46,10 +47,9 @@ def pair(redis_url: str, tmp_path: Path, tenant: tuple[str, str]) -> Iterator[Pa
     name, key = tenant
     with ExitStack() as stack, running_upstreams(["engine"], tmp_path) as (engine,):
         policy = tmp_path / "policy.yaml"
-        policy.write_text(f"""\
+        policy.write_text(with_redis(f"""\
 version: 1
 server: {{reload_interval_s: 0}}
-state: {{redis_url: "{redis_url}"}}
 pools:
   main: {{served_model: fault-main, replicas: [{{url: "{engine.url}"}}]}}
 models:
@@ -58,7 +58,7 @@ tenants:
   {name}:
     keys: [{{sha256: {hashlib.sha256(key.encode()).hexdigest()}}}]
     rate_limits: {{requests_per_minute: {LIMIT}}}
-""")  # fmt: skip
+""", redis_url))  # fmt: skip
         stack.callback(forget_tenants, redis_url, name)
         first = stack.enter_context(running_gateway(policy, tmp_path / "gateway-1.log"))
         second = stack.enter_context(running_gateway(policy, tmp_path / "gateway-2.log"))

@@ -8,6 +8,7 @@ import uuid
 import orjson
 import pytest
 
+from gateway.api.inference import render
 from gateway.errors import Overloaded
 from gateway.fleet.engine_metrics import EngineLoad
 from gateway.fleet.replicas import Fleet
@@ -20,6 +21,7 @@ from gateway.resilience.response_cache import cache_key
 from gateway.routing.router import RoundRobinRouter
 from gateway.telemetry.metrics import GatewayMetrics
 from tests.fakes import Call, FakeUpstream, Scripted
+from tests.policies import parse_with_redis
 from tests.unit.clients import OpenGateways
 
 POLICY = """\
@@ -67,7 +69,7 @@ class Hosts:
 
 @pytest.fixture
 def policy(redis_url: str) -> Policy:
-    return parse_policy(POLICY + f"state: {{redis_url: '{redis_url}'}}\n")
+    return parse_with_redis(POLICY, redis_url)
 
 
 def test_a_503_is_retried_on_the_other_replica(policy: Policy, gateways: OpenGateways) -> None:
@@ -199,9 +201,9 @@ async def test_a_full_pool_sheds_with_429_and_retry_after(mode: str) -> None:
 def test_the_kept_answer_of_a_deterministic_request_is_the_last_fallback(
     redis_url: str, gateways: OpenGateways
 ) -> None:
-    policy = parse_policy(
-        POLICY.replace("routing:", "  response_cache: {enabled: true, ttl_s: 60}\nrouting:")
-        + f"state: {{redis_url: '{redis_url}'}}\n"
+    policy = parse_with_redis(
+        POLICY.replace("routing:", "  response_cache: {enabled: true, ttl_s: 60}\nrouting:"),
+        redis_url,
     )
     up = {"a": Scripted(body=OK), "b": Scripted(body=OK), "spare": Scripted(body=OK)}
     hosts = Hosts(up)
@@ -263,7 +265,7 @@ async def test_an_engine_whose_own_queue_is_full_counts_as_full() -> None:
         await pipeline.handle(Endpoint.chat, body, RequestContext("r"))
     assert {host(call) for call in upstream.calls} == {"b"}
     queues["http://b.test:1"] = EngineLoad(waiting=9)  # now every engine of `main` is full
-    shed = await pipeline.handle(Endpoint.chat, body, RequestContext("r"))
+    shed = render(await pipeline.handle(Endpoint.chat, body, RequestContext("r")))
     assert shed.headers["x-gateway-fallback"] == "spare"  # shed from main, served by its fallback
     queues["http://spare.test:1"] = EngineLoad(waiting=4)
     with pytest.raises(Overloaded):

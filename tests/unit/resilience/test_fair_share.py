@@ -8,6 +8,7 @@ import asyncio
 import orjson
 import pytest
 
+from gateway.api.inference import render
 from gateway.errors import Overloaded
 from gateway.fleet.replicas import Fleet, Replica
 from gateway.pipeline import Pipeline
@@ -119,7 +120,7 @@ async def test_a_waiting_request_gets_the_slot_the_hog_gives_back() -> None:
     )  # fmt: skip
     body = orjson.dumps({"model": "main", "messages": [{"role": "user", "content": "x"}],
                          "stream": True})  # fmt: skip
-    held = [await pipeline.handle(Endpoint.chat, body, _context("a")) for _ in range(2)]
+    held = [render(await pipeline.handle(Endpoint.chat, body, _context("a"))) for _ in range(2)]
     with pytest.raises(Overloaded) as shed:  # a holds the pool: its next request is shed
         await pipeline.handle(Endpoint.chat, body, _context("a"))
     assert shed.value.headers["Retry-After"] == "2"

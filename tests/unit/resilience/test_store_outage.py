@@ -9,6 +9,7 @@ import orjson
 import pytest
 from starlette.responses import Response, StreamingResponse
 
+from gateway.api.inference import render
 from gateway.errors import GatewayError, StateUnavailable
 from gateway.fleet.replicas import Fleet
 from gateway.pipeline import Pipeline
@@ -80,7 +81,9 @@ CONTEXT = RequestContext("r", session_id="s1")
 
 @pytest.mark.parametrize("reads", [True, False])
 async def test_fail_open_serves_the_turn_unsaved_and_says_so(reads: bool) -> None:
-    response = await pipeline("fail_open", reads=reads).handle(Endpoint.chat, ask(), CONTEXT)
+    response = render(
+        await pipeline("fail_open", reads=reads).handle(Endpoint.chat, ask(), CONTEXT)
+    )
     assert response.status_code == 200
     assert response.headers["x-gateway-degraded"] == "checkpoint"
     assert response.headers["x-gateway-session-turn"] == "unsaved"
@@ -95,8 +98,8 @@ async def test_fail_closed_refuses_with_503(reads: bool) -> None:
 
 
 async def test_fail_closed_stream_ends_with_an_error_event_not_done() -> None:
-    response = await pipeline("fail_closed", reads=False).handle(
-        Endpoint.chat, ask(stream=True), CONTEXT
+    response = render(
+        await pipeline("fail_closed", reads=False).handle(Endpoint.chat, ask(stream=True), CONTEXT)
     )
     assert isinstance(response, StreamingResponse)
     events = [event async for event in response.body_iterator]
@@ -106,8 +109,8 @@ async def test_fail_closed_stream_ends_with_an_error_event_not_done() -> None:
 
 
 async def test_without_a_session_an_outage_changes_nothing() -> None:
-    response = await pipeline("fail_closed", reads=True).handle(
-        Endpoint.chat, ask(), RequestContext("r")
+    response = render(
+        await pipeline("fail_closed", reads=True).handle(Endpoint.chat, ask(), RequestContext("r"))
     )
     assert isinstance(response, Response)
     assert response.status_code == 200

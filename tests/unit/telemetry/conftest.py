@@ -13,14 +13,13 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from starlette.testclient import TestClient
 
 from gateway.app import create_app
-from gateway.policy import parse_policy
 from gateway.state.store import StateStore
 from tests.fakes import Call, FakeUpstream, Scripted
+from tests.policies import parse_with_redis
 
 POLICY = """\
 version: 1
 timeouts: {{first_byte_s: 1}}
-state: {{redis_url: "{redis_url}"}}
 telemetry:
   traces: {{sample_ratio: {ratio}, capture_content: {capture}}}
   usage: {{flush_interval_s: 60}}
@@ -87,15 +86,8 @@ def traced(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     ) -> Traced:
         alias = f"m{uuid.uuid4().hex[:10]}"
         log = str(tmp_path_factory.mktemp("log") / "requests.jsonl")
-        policy = parse_policy(
-            POLICY.format(
-                redis_url=redis_url,
-                ratio=ratio,
-                capture=str(capture).lower(),
-                alias=alias,
-                log=log,
-            )
-        )
+        text = POLICY.format(ratio=ratio, capture=str(capture).lower(), alias=alias, log=log)
+        policy = parse_with_redis(text, redis_url)
         exporter = InMemorySpanExporter()
         fake = FakeUpstream(script)
         app = create_app(

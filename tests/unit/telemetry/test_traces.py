@@ -61,7 +61,7 @@ def test_a_request_is_one_trace_with_genai_attributes_and_a_span_per_stage(
     assert f"{root.context.trace_id:032x}" == response.headers["x-gateway-trace-id"]
     for stage in (
         "hydrate",
-        "canonicalise",
+        "canonicalize",
         "choose_tier",
         "choose_replica",
         "upstream",

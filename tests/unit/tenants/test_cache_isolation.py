@@ -19,6 +19,7 @@ from gateway.policy import PolicyError, parse_policy
 from gateway.prompt.blocks import chain_hashes
 from gateway.tenants.cache_scope import CacheScope, scope_of
 from tests.fakes import FakeUpstream
+from tests.policies import parse_with_redis
 from tests.unit.tenant_gateway import (
     Tenant,
     forget_tenants,
@@ -135,13 +136,13 @@ def test_shared_without_a_group_is_the_engines_common_cache(
 
 
 def test_one_tenant_alone_is_shared_and_its_bytes_pass_unchanged(redis_url: str) -> None:
-    policy = parse_policy(
-        f"""\
+    policy = parse_with_redis(
+        """\
 version: 1
-state: {{redis_url: "{redis_url}"}}
-pools: {{chat: {{served_model: tiny, replicas: [{{url: "http://a.test:1"}}]}}}}
-models: {{tiny: {{pool: chat}}}}
-"""
+pools: {chat: {served_model: tiny, replicas: [{url: "http://a.test:1"}]}}
+models: {tiny: {pool: chat}}
+""",
+        redis_url,
     )
     client, fake = open_gateway(policy)
     raw = b'{"model":"tiny","messages":[{"role":"user","content":"hi"}],"max_tokens":1}'
@@ -156,17 +157,17 @@ models: {{tiny: {{pool: chat}}}}
 
 
 def test_admin_tenants_shows_each_tenants_cache_scope(redis_url: str) -> None:
-    policy = parse_policy(
-        f"""\
+    policy = parse_with_redis(
+        """\
 version: 1
-state: {{redis_url: "{redis_url}"}}
-pools: {{chat: {{served_model: tiny, replicas: [{{url: "http://a.test:1"}}]}}}}
-models: {{tiny: {{pool: chat}}}}
+pools: {chat: {served_model: tiny, replicas: [{url: "http://a.test:1"}]}}
+models: {tiny: {pool: chat}}
 tenants:
-  solo: {{}}
-  one: {{prefix_cache_group: acme}}
-  open: {{prefix_cache: shared}}
-"""
+  solo: {}
+  one: {prefix_cache_group: acme}
+  open: {prefix_cache: shared}
+""",
+        redis_url,
     )
     from gateway.tenants.settings import TenantPolicies
 

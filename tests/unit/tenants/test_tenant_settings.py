@@ -16,11 +16,11 @@ import pytest
 from starlette.testclient import TestClient
 
 from gateway.app import create_app
-from gateway.policy import parse_policy
 from gateway.policy.reloadable import load_policy_file
 from gateway.state.store import StateStore
 from gateway.tenants.settings import TenantPolicies
 from tests.fakes import Call, FakeUpstream, Scripted
+from tests.policies import parse_with_redis, with_redis
 from tests.unit.tenant_gateway import Tenant, echo, forget_tenants, sha256
 
 ADMIN_KEY = f"sk-agw-admin-{uuid.uuid4().hex}"
@@ -37,7 +37,6 @@ OVERRIDES = {
 POLICY = """\
 version: 1
 server: {{reload_interval_s: 0}}
-state: {{redis_url: "{redis_url}"}}
 auth: {{key_cache_ttl_s: 0, admin_keys: [{{sha256: {admin}}}]}}
 pools:
   chat: {{served_model: served, tier: small, replicas: [{{url: "http://chat.test:1"}}]}}
@@ -88,7 +87,8 @@ def gateway(redis_url: str, tmp_path: Path) -> Iterator[Gateway]:
         for role, override in OVERRIDES.items()
     )
     path = tmp_path / "policy.yaml"
-    path.write_text(POLICY.format(redis_url=redis_url, admin=sha256(ADMIN_KEY), tenants=entries))
+    text = POLICY.format(admin=sha256(ADMIN_KEY), tenants=entries)
+    path.write_text(with_redis(text, redis_url))
     policy, source = load_policy_file(path)
     fake = FakeUpstream(engine)
     app = create_app(policy, upstream=fake, store=StateStore(policy.state), policy_file=source)
@@ -210,11 +210,8 @@ def test_the_admin_api_lists_the_settings_in_effect_and_a_reload_updates_them(
 
 
 def test_a_tenant_without_an_entry_gets_the_policys_own_sections() -> None:
-    policy = parse_policy(
-        POLICY.format(
-            redis_url="redis://x", admin=sha256("k"), tenants="  team:\n    models: [tiny]\n"
-        )
-    )
+    text = POLICY.format(admin=sha256("k"), tenants="  team:\n    models: [tiny]\n")
+    policy = parse_with_redis(text, "redis://x")
     tenants = TenantPolicies(policy)
     default = tenants.of("default")
     assert default.limits is policy.limits

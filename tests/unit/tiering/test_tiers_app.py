@@ -9,8 +9,9 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.policy import Policy, parse_policy
+from gateway.policy import Policy
 from tests.fakes import Call, Scripted
+from tests.policies import parse_with_redis
 from tests.unit.clients import OpenGateways
 
 POLICY = """\
@@ -82,7 +83,7 @@ class Engines:
 
 @pytest.fixture
 def policy(redis_url: str) -> Policy:
-    return parse_policy(POLICY + f"state: {{redis_url: '{redis_url}'}}\n")
+    return parse_with_redis(POLICY, redis_url)
 
 
 def ask(model: str, **extra: Any) -> dict[str, Any]:

@@ -18,8 +18,9 @@ import anyio
 import orjson
 import pytest
 
-from gateway.policy import Policy, parse_policy
+from gateway.policy import Policy
 from tests.fakes import Call, Scripted
+from tests.policies import parse_with_redis
 from tests.unit.clients import OpenGateways
 
 POLICY = """\
@@ -106,7 +107,7 @@ def secret_file(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def policy(redis_url: str) -> Policy:
-    return parse_policy(POLICY + f"state: {{redis_url: '{redis_url}'}}\n")
+    return parse_with_redis(POLICY, redis_url)
 
 
 def chat(model: str, schema: Any) -> dict[str, Any]:
