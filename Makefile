@@ -8,12 +8,13 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: run test check lint typecheck unit integration engine-env schema engine-validate clean help bench-routing bench-sessions bench-tiers bench-tiers-encoders bench-faults bench-telemetry traces browser phoenix-env frameworks-env bench manifests bench-redis bench-streams
+.PHONY: run test check lint typecheck docs docs-serve unit integration engine-env schema engine-validate clean help bench-routing bench-sessions bench-tiers bench-tiers-encoders bench-faults bench-telemetry traces browser phoenix-env frameworks-env bench manifests bench-redis bench-streams
 
 help:
 	@echo "make run    - engines + gateway on http://127.0.0.1:8080 (Ctrl-C stops all)"
 	@echo "make test   - the whole suite: lint, types, unit, contract and real-vLLM integration"
 	@echo "make schema - regenerate policies/policy.schema.json from the policy models"
+	@echo "make docs   - build the documentation site into .run/site (strict); make docs-serve previews it"
 	@echo "make traces - make run, every request traced to Arize Phoenix on http://127.0.0.1:6006"
 	@echo "make bench-telemetry - tracing's cost per request, end to end (about 3 min)"
 	@echo "make bench-faults  - 200 streaming clients, a replica killed and restarted (about 2 min)"
@@ -48,10 +49,28 @@ typecheck: $(STAMP)
 	@echo "types: mypy --strict"
 	@$(BIN)/mypy
 
-check: lint typecheck
+check: lint typecheck docs
 
-unit: $(STAMP) phoenix-env
-	@$(BIN)/pytest tests --ignore=tests/integration -q
+# The documentation site (mkdocs.yml): strict, so a broken link or anchor fails `make test`.
+# (NO_MKDOCS_2_WARNING: Material's banner about MkDocs' future, on every build.)
+docs: $(STAMP)
+	@echo "docs: mkdocs build --strict"
+	@NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir .run/site
+
+docs-serve: $(STAMP)
+	@NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
+
+# The fast inner loop: tests/unit and tests/engine without the tests that start a process
+# (`gateway serve`, fake engines, Chromium, Phoenix, redis-server) or need vLLM, so no env
+# beyond the gateway's own. It keeps the tests marked `redis`, on the Redis this machine kind
+# runs (or a redis-server of its own when none answers); `make unit-pure` leaves them out.
+# Markers are set by tests/conftest.py; `make test` runs everything.
+unit: $(STAMP)
+	@$(BIN)/pytest -q -m "not engine and not process" tests/unit tests/engine
+
+.PHONY: unit-pure
+unit-pure: $(STAMP)
+	@$(BIN)/pytest -q -m "not engine and not process and not redis" tests/unit tests/engine
 
 integration: $(STAMP) engine-env browser phoenix-env frameworks-env
 	@$(BIN)/pytest tests/integration -v
@@ -114,6 +133,7 @@ bench-faults: $(STAMP)
 
 schema: $(STAMP)
 	@$(BIN)/gateway policy schema --out policies/policy.schema.json
+	@$(BIN)/gateway policy reference --out docs/reference/policy.md
 
 engine-validate: $(STAMP) engine-env
 	@$(BIN)/engine validate

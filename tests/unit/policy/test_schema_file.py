@@ -7,7 +7,7 @@ import json
 import jsonschema
 import yaml
 
-from gateway.cli import policy_json_schema
+from gateway.policy.json_schema import policy_json_schema
 from tests.conftest import ROOT
 
 
