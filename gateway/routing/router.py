@@ -8,7 +8,9 @@ rotate. State that costs read (prefix index, recent load, session homes) changes
 Several gateway replicas agree without talking per request: a session's home is the
 replica it was last sent to here, or else its rendezvous-hash winner among the candidates,
 which every gateway computes alike; load comes from the engines' own /metrics, which every
-gateway scrapes; the prefix index is each gateway's own record of what it sent.
+gateway scrapes; the prefix index and recent work are each gateway's own record of what it
+sent, plus what the other gateways sent when routing is shared (gateway/sharing/ calls
+`learn` with their placements).
 
 `RoundRobinRouter` is the baseline the benchmarks compare against.
 """
@@ -169,8 +171,7 @@ class CacheAwareRouter:
 
     def dispatched(self, decision: ReplicaChoice, request: RouteRequest) -> None:
         replica = decision.replica.id
-        self._load.add(replica, len(request.blocks) - decision.cached_blocks + 1)
-        self._index.record(replica, request.blocks)
+        self.learn(replica, request.blocks, placed_work(decision))
         if request.session is not None:
             if request.session not in self._sessions:  # the conversation's first request
                 self._openings.record(request.blocks)
@@ -178,6 +179,12 @@ class CacheAwareRouter:
             self._sessions.move_to_end(request.session)
             if len(self._sessions) > self._settings.session_memory:
                 self._sessions.popitem(last=False)
+
+    def learn(self, replica_id: str, blocks: Sequence[int], work: float) -> None:
+        """A request with these prefix blocks went to the replica, adding `work` to it:
+        sent from here (`dispatched`), or by another gateway (gateway/sharing/)."""
+        self._load.add(replica_id, work)
+        self._index.record(replica_id, blocks)
 
     def forget(self, replica_id: str) -> None:
         # Session homes naming it fall back to rendezvous among the replicas left.
@@ -217,6 +224,12 @@ class CacheAwareRouter:
                 )
             )
         return out
+
+
+def placed_work(decision: ReplicaChoice) -> float:
+    """The prefill work a dispatch adds to its replica, in blocks: the ones it was not
+    believed to hold, plus one for the request itself (routing/load.py)."""
+    return decision.total_blocks - decision.cached_blocks + 1
 
 
 def _reason(
