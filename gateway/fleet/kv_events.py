@@ -254,7 +254,8 @@ class EngineView:
         self.last_seq = None
 
 
-Forget = Callable[[str], None]  # a replica id: the router's `forget`
+# The router's `forget`: a replica id, and since when (monotonic) placements are kept.
+Forget = Callable[[str, float | None], None]
 Replicas = Callable[[], Iterable[Replica]]  # the fleet's `all_replicas`
 
 
@@ -416,8 +417,11 @@ class KvEventSubscriber:
             counted.labels(replica.id, _EVENT_NAMES[type(event)]).inc()
         if batch.unknown:
             counted.labels(replica.id, "other").inc(batch.unknown)
+        previous = view.last_event_at
         if view.apply(batch, self._clock()) and act:
-            self._forget_cache(view, "cleared")
+            # The clear came with the engine's next step after it, which ran the requests
+            # sent since the previous message: their blocks are held again.
+            self._forget_cache(view, "cleared", keep_since=previous)
         self._metrics.kv_blocks_held.labels(replica.id).set(view.blocks_held)
 
     def _lost(self, view: EngineView, reason: str) -> None:
@@ -425,10 +429,12 @@ class KvEventSubscriber:
         self._metrics.kv_blocks_held.labels(view.replica).set(0)
         self._forget_cache(view, reason)
 
-    def _forget_cache(self, view: EngineView, reason: str) -> None:
+    def _forget_cache(
+        self, view: EngineView, reason: str, *, keep_since: float | None = None
+    ) -> None:
         log.info("replica %s lost its prefix cache (%s): forgotten", view.replica, reason)
         self._metrics.kv_forgotten.labels(view.replica, reason).inc()
-        self._forget(view.replica)
+        self._forget(view.replica, keep_since)
 
     async def _replay(self, replica: Replica, start: int, stop: int) -> list[EventBatch]:
         """The replica's buffered messages numbered `start` to `stop - 1`, as many as it

@@ -33,8 +33,8 @@ class PublishingRouter:
             replica.pool, Placement(replica.id, request.blocks, placed_work(decision))
         )
 
-    def forget(self, replica_id: str) -> None:
-        self._router.forget(replica_id)
+    def forget(self, replica_id: str, keep_since: float | None = None) -> None:
+        self._router.forget(replica_id, keep_since)
 
     def cached_share(self, replicas: Sequence[Replica], request: RouteRequest) -> float:
         return self._router.cached_share(replicas, request)

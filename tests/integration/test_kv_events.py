@@ -62,7 +62,7 @@ async def test_a_real_engines_events_reach_the_router(dev_engine: ReplicaRecord)
     replica = Replica("tiny-chat", dev_engine.url, "tiny", kv_events=events, kv_replay=replay)
     index = PrefixIndex(100)
     metrics = GatewayMetrics()
-    subscriber = KvEventSubscriber(lambda: [replica], index.forget, metrics)
+    subscriber = KvEventSubscriber(lambda: [replica], lambda r, _: index.forget(r), metrics)
 
     def sample(name: str, **labels: str) -> float:
         found = metrics.registry.get_sample_value(name, {"replica": replica.id, **labels})

@@ -290,7 +290,12 @@ class Following:
         self.index.record(self.replica.id, [1, 2, 3])
         self.metrics = GatewayMetrics()
         self.listed = [self.replica]  # what the fleet lists
-        self.subscriber = KvEventSubscriber(lambda: self.listed, self.index.forget, self.metrics)
+        self.kept_since: list[float | None] = []  # what each forget was told to keep
+        self.subscriber = KvEventSubscriber(lambda: self.listed, self._forget, self.metrics)
+
+    def _forget(self, replica: str, keep_since: float | None) -> None:
+        self.kept_since.append(keep_since)
+        self.index.forget(replica)
 
     @property
     def view(self) -> EngineView:
@@ -340,6 +345,7 @@ async def test_a_clear_reaches_the_routers_index_within_a_second(following: Foll
     await engine.publish(0, stored(1, 2, 3))
     await until(lambda: following.view.blocks_held == 3)
     assert following.remembered() == 3  # stores change nothing the router recorded
+    stored_at = following.view.last_event_at
     await engine.publish(1, CLEARED)
     await until(lambda: following.remembered() == 0, within_s=1.0)
     assert following.view.blocks_held == 0
@@ -347,6 +353,9 @@ async def test_a_clear_reaches_the_routers_index_within_a_second(following: Foll
     assert following.metric("gateway_engine_kv_events_total", type="BlockStored") == 1
     assert following.metric("gateway_engine_kv_events_total", type="AllBlocksCleared") == 1
     assert following.metric("gateway_engine_kv_subscriber_up") == 1
+    # The router keeps what was sent after the message before the clear arrived: those
+    # requests ran in the step that published the clear, after it.
+    assert following.kept_since == [stored_at]
 
 
 async def test_a_gap_is_filled_from_the_replay_socket(following: Following) -> None:

@@ -135,7 +135,7 @@ class Recorder:
     def learn(self, replica_id: str, blocks: Sequence[int], work: float) -> None:
         self.told.append((replica_id, tuple(blocks), work, self.clock.now))
 
-    def forget(self, replica_id: str) -> None:
+    def forget(self, replica_id: str, keep_since: float | None = None) -> None:
         pass
 
     def cached_share(self, replicas: Sequence[Replica], request: RouteRequest) -> float:
