@@ -25,6 +25,7 @@ cannot reach the engines and whatever they send is folded in first.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass
 from typing import Any
@@ -72,6 +73,7 @@ COMMON = SaltedScope(None, 0)
 SHARED = CacheScope()
 
 
+@functools.lru_cache(maxsize=4096)  # per request otherwise: a tenant's scope is one label
 def _derive(label: str | None) -> SaltedScope:
     if label is None:
         return COMMON
