@@ -20,20 +20,36 @@ class SSEFramer:
     def feed(self, chunk: bytes) -> list[bytes]:
         if (
             not self._buf
-            and chunk.endswith(b"\n\n")
+            and len(chunk) >= 2
+            and chunk.find(b"\n\n") == len(chunk) - 2  # its only blank line, at the end
             and b"\r" not in chunk
-            and chunk.count(b"\n\n") == 1
         ):
             # Fast path, the common case with vLLM: the chunk is exactly one whole event.
             return [chunk]
-        self._buf += chunk
+        buf = self._buf
+        buf += chunk
+        # Where each terminator next occurs at or after `start` (-1: nowhere in the buffer),
+        # found again only once an event ends past it. A burst of thousands of events in
+        # one chunk (an engine ahead of a busy gateway) is thus split in one pass; searching
+        # the rest of the buffer for every terminator at every event was quadratic, and held
+        # the event loop long enough to miss a client leaving (16,000 events: 40 s).
+        found = [buf.find(term) for term in _TERMINATORS]
         events: list[bytes] = []
         start = 0
-        while (end := self._next_end(start)) >= 0:
-            events.append(bytes(self._buf[start:end]))
+        while True:
+            end = -1
+            for i, term in enumerate(_TERMINATORS):
+                at = found[i]
+                if 0 <= at < start:
+                    at = found[i] = buf.find(term, start)
+                if at >= 0 and (end < 0 or at + len(term) < end):
+                    end = at + len(term)
+            if end < 0:
+                break
+            events.append(bytes(buf[start:end]))
             start = end
         if start:
-            del self._buf[:start]
+            del buf[:start]
         return events
 
     def flush(self) -> bytes:
@@ -41,14 +57,6 @@ class SSEFramer:
         rest = bytes(self._buf)
         self._buf.clear()
         return rest
-
-    def _next_end(self, start: int) -> int:
-        best = -1
-        for term in _TERMINATORS:
-            at = self._buf.find(term, start)
-            if at >= 0 and (best < 0 or at + len(term) < best):
-                best = at + len(term)
-        return best
 
 
 def data_event(payload: bytes) -> bytes:

@@ -21,6 +21,11 @@ from gateway.chat.sse import SSEFramer, data_event
 from gateway.errors import UpstreamError, UpstreamTimeout
 
 DONE = object()  # the chunk `data: [DONE]` stands for
+# An engine ahead of the gateway leaves its events buffered, so relaying them suspends
+# nowhere: without a pause now and then, a burst of thousands holds the event loop, every
+# other client waits, and a client that left is noticed only after the whole burst (its
+# disconnect is a message the loop must deliver; the engine generated on meanwhile).
+_EVENTS_PER_PAUSE = 32
 # A `data:` line's JSON object, or DONE.
 Chunk = dict[str, Any] | object
 
@@ -94,6 +99,7 @@ async def chat_events(
     loop = asyncio.get_running_loop()
     framer = SSEFramer()
     saw_done = False
+    since_pause = 0
     while True:
         until = loop.time() + idle_s
         try:
@@ -109,3 +115,7 @@ async def chat_events(
             event = ChatEvent(raw)
             saw_done = saw_done or event.done
             yield event
+            since_pause += 1
+            if since_pause >= _EVENTS_PER_PAUSE:
+                since_pause = 0
+                await asyncio.sleep(0)

