@@ -21,6 +21,7 @@ help:
 	@echo "make bench-tiers   - learned tier router on RouteLLM labels, held out by group (about 3 min)"
 	@echo "make bench-tiers-encoders - could a text encoder carry the router to GSM8K? (about 5 min once its env is built)"
 	@echo "make bench-routing - trace replay, routing overhead, tau-bench on real vLLM (about 15 min)"
+	@echo "make bench-scale-out - replay through 1-8 gateways, with and without shared placements (about 1 min)"
 	@echo "make manifests     - render deploy/k8s/engines/ from the GPU engine profiles"
 	@echo "make bench-redis   - Redis memory per 1,000 active sessions (about 1 min)"
 	@echo "make bench-streams - how evenly a CPU vLLM replica sends a long stream (about 5 min)"
@@ -107,6 +108,28 @@ bench-routing: $(STAMP) engine-env
 	@$(BIN)/python -m tests.bench.routing_overhead
 	@$(BIN)/python -m tests.bench.tau_routing
 	@.venv-engine/bin/python -m tests.bench.tau_floor
+
+# Scale-out (issue 24): the trace replayed through K gateway routers behind a random
+# balancer, each alone and sharing placements. The modelled lag is the publisher's flush
+# interval (routing.sharing.flush_ms, 10 by default) plus the Redis XADD -> XREAD round
+# trip's p99, measured first by stream_lag (5.5 ms at worst over three runs on 2026-12-03,
+# hence 6): re-measure, then set.
+SCALE_OUT_BATCH_MS ?= 10
+SCALE_OUT_LAG_MS ?= 6
+SCALE_OUT := --replicas 8 --cache-blocks 10000 --gateways 1,2,4,8 --sharing none,placements \
+  --batch-ms $(SCALE_OUT_BATCH_MS) --lag-ms $(SCALE_OUT_LAG_MS)
+.PHONY: bench-scale-out
+bench-scale-out: $(STAMP)
+	@mkdir -p .run/bench
+	@$(BIN)/python -m gateway.offline.replay.stream_lag
+	@echo "replay: Mooncake trace"
+	@$(BIN)/gateway replay --trace $(MOONCAKE) $(SCALE_OUT)
+	@$(BIN)/gateway replay --trace $(MOONCAKE) $(SCALE_OUT) --json > .run/bench/scale-out-mooncake.json
+	@echo "replay: tau-bench airline conversations, turn by turn"
+	@$(BIN)/python -m gateway.offline.replay.conversations --out .run/bench/tau-trace.jsonl
+	@$(BIN)/gateway replay --trace .run/bench/tau-trace.jsonl --block-tokens 128 $(SCALE_OUT)
+	@$(BIN)/gateway replay --trace .run/bench/tau-trace.jsonl --block-tokens 128 $(SCALE_OUT) \
+	  --json > .run/bench/scale-out-tau.json
 
 # Session checkpoint cost against the local Redis.
 bench-sessions: $(STAMP)

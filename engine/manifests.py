@@ -33,6 +33,7 @@ from engine.profiles import (
     Profile,
     ProfileError,
     available_profiles,
+    kv_events_ports,
     load_profile,
 )
 
@@ -40,6 +41,10 @@ IMAGE = "vllm/vllm-openai:v0.32.0"  # the release engine/requirements-gpu.txt pi
 NAMESPACE = "agent-gateway"
 PORT = 8000
 PORT_NAME = "http"
+# Where a profile with `kv_events` publishes them, and its replay socket: named ports the
+# gateway's DNS discovery finds by the same offsets from PORT (gateway/fleet/replicas.py).
+KV_EVENTS_PORT_NAME = "kv-events"
+KV_REPLAY_PORT_NAME = "kv-replay"
 HOST = "0.0.0.0"
 OTLP_TRACES_ENDPOINT = "http://otel-collector.agent-gateway.svc:4317"
 # The tiers the in-cluster gateway routes between; a GPU profile whose tier is one of
@@ -177,6 +182,17 @@ def env(pool: EnginePool) -> list[dict[str, Any]]:
     ]
 
 
+def container_ports(profile: Profile) -> list[dict[str, Any]]:
+    ports = [{"name": PORT_NAME, "containerPort": PORT, "protocol": "TCP"}]
+    if profile.kv_events:
+        events, replay = kv_events_ports(PORT)
+        ports += [
+            {"name": KV_EVENTS_PORT_NAME, "containerPort": events, "protocol": "TCP"},
+            {"name": KV_REPLAY_PORT_NAME, "containerPort": replay, "protocol": "TCP"},
+        ]
+    return ports
+
+
 def probe(period_s: int, failures: int, timeout_s: int) -> dict[str, Any]:
     return {
         "httpGet": {"path": "/health", "port": PORT_NAME},
@@ -195,7 +211,7 @@ def container(pool: EnginePool) -> dict[str, Any]:
         "command": ["python3", "-m", SERVER_MODULE],
         "args": container_args(pool.profile),
         "env": env(pool),
-        "ports": [{"name": PORT_NAME, "containerPort": PORT, "protocol": "TCP"}],
+        "ports": container_ports(pool.profile),
         "resources": resources(pool),
         "volumeMounts": [
             {"name": "model-cache", "mountPath": MODEL_CACHE_MOUNT},

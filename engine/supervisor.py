@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.lifeline import Lifeline, group_exists
-from engine.profiles import SERVER_MODULE, Profile
+from engine.profiles import SERVER_MODULE, Profile, kv_events_endpoints
 from engine.state import ReplicaRecord, read_state, write_state
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -201,6 +201,8 @@ def _start_one(
         port=port,
         pid=proc.pid,
         log=str(log_path),
+        # Where gateways follow this replica's KV-cache events (gateway/fleet/kv_events.py).
+        **(_kv_fields(host, port) if profile.kv_events else {}),
     )
     say(f"engine: started {profile.name} on {record.url} (pid {proc.pid}, log {log_path})")
     return record, proc
@@ -334,3 +336,8 @@ def validate_args(profile: Profile, paths: Paths) -> tuple[bool, str]:
     if result.returncode != 0 and result.stderr.strip():
         message += "\n" + result.stderr.strip().splitlines()[-1]
     return result.returncode == 0, message
+
+
+def _kv_fields(host: str, port: int) -> dict[str, str]:
+    events, replay = kv_events_endpoints(host, port)
+    return {"kv_events": events, "kv_replay": replay}

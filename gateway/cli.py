@@ -1,10 +1,12 @@
 """`gateway` command line: serve, and check or export the policy schema.
 
-gateway serve [--policy FILE] [--host H] [--port P]
+gateway serve [--policy FILE] [--host H] [--port P] [--workers N]
 gateway policy check FILE [FILE ...] [--against RUNNING]
 gateway policy schema [--out FILE]
 gateway policy reference [--out FILE]
 gateway replay --trace FILE [--replicas N] [--cache-blocks M] [--policy FILE] [--json]
+    [--gateways K[,K...] [--balancer random|round_robin] [--sharing none|placements[,...]]
+     [--batch-ms B] [--lag-ms L] [--seed S]]
 gateway trim-eval --trajectories FILE [--policy FILE] [--tokenizer FILE] [--json]
 gateway route-train --labels FILE --out FILE [--seed N]
 gateway route-eval --labels FILE [--policy FILE] [--artifact FILE] [--folds K] [--json]
@@ -39,15 +41,69 @@ def _policy_path(explicit: str | None) -> str:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from gateway.edge.workers import worker_identity
+
+    if args.workers < 1:
+        print("gateway: --workers must be at least 1", file=sys.stderr)
+        return 2
+    if args.workers > 1 and worker_identity() is None:
+        return _supervise(args)
+    return _serve_process(args)
+
+
+def _supervise(args: argparse.Namespace) -> int:
+    """`--workers N`: start N `gateway serve` workers on one port (gateway/edge/workers.py)."""
+    from gateway.edge.workers import Supervisor, check_port_free
+
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    path = _policy_path(args.policy)
+    try:
+        policy, _ = load_policy_file(path)  # an invalid policy stops here, not in N workers
+    except PolicyError as exc:
+        print(f"gateway: invalid policy\n{exc}", file=sys.stderr)
+        return 2
+    host = args.host or policy.server.host
+    port = args.port or policy.server.port
+    try:
+        check_port_free(host, port)
+    except OSError as exc:
+        print(f"gateway: cannot listen on {host}:{port}: {exc.strerror}", file=sys.stderr)
+        return 1
+    print(f"gateway: {args.workers} workers on http://{host}:{port}/v1", flush=True)
+    worker_argv = ["serve", "--policy", path, "--host", host, "--port", str(port),
+                   "--log-level", args.log_level, "--drain-s", str(args.drain_s)]  # fmt: skip
+    if args.access_log:
+        worker_argv.append("--access-log")
+    # The workers drain for --drain-s; past that and a margin they are killed.
+    status = Supervisor(worker_argv, args.workers, stop_timeout_s=args.drain_s + 10).run()
+    _say_stopped()
+    return status
+
+
+def _serve_process(args: argparse.Namespace) -> int:
+    """One serving process: the whole gateway, or one worker of `--workers N`."""
     import uvicorn
     from uvicorn.config import LOGGING_CONFIG
 
     from gateway.app import create_app
     from gateway.edge.connections import protocol_for, raise_descriptor_limit
+    from gateway.edge.workers import (
+        die_with_supervisor,
+        shared_port_socket,
+        tagged_log_config,
+        worker_identity,
+    )
     from gateway.telemetry.redaction import install_log_redaction, redacting_log_config
 
+    worker = worker_identity()
+    if worker is not None:
+        die_with_supervisor()
+    tag = f"[{worker.name}] " if worker else ""
     logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        level=args.log_level.upper(),
+        format=f"{tag}%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     install_log_redaction()  # no credential in a log line (gateway/telemetry/redaction.py)
     path = _policy_path(args.policy)
@@ -64,28 +120,38 @@ def _serve(args: argparse.Namespace) -> int:
     interval = policy.server.reload_interval_s
     watching = f"re-read every {interval:g} s and on SIGHUP" if interval else "re-read on SIGHUP"
     print(
-        f"gateway: serving {len(policy.models)} model(s) from {path} ({watching}) "
+        f"{tag}gateway: serving {len(policy.models)} model(s) from {path} ({watching}) "
         f"on http://{host}:{port}/v1",
         flush=True,
     )
     raise_descriptor_limit(policy.server)
+    log_config = redacting_log_config(LOGGING_CONFIG)
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        # Header deadline, keep-alive idle limit, connection cap: gateway/edge/connections.py.
+        http=protocol_for(policy.server),
+        log_level=args.log_level,
+        log_config=tagged_log_config(log_config, worker) if worker else log_config,
+        access_log=args.access_log,
+        timeout_graceful_shutdown=args.drain_s,
+    )
+    server = uvicorn.Server(config)
+    # A worker binds the shared port itself (SO_REUSEPORT); one process lets uvicorn bind.
+    sockets = [shared_port_socket(host, port)] if worker else None
     try:
         # uvicorn stops gracefully on SIGINT or SIGTERM, then raises the signal again; both
         # end here, after the drain and the lifespan shutdown, as one line, not a traceback.
         signal.signal(signal.SIGTERM, _interrupt)
-        uvicorn.run(
-            app,
-            host=host,
-            port=port,
-            # Header deadline, keep-alive idle limit, connection cap: gateway/edge/connections.py.
-            http=protocol_for(policy.server),
-            log_level=args.log_level,
-            log_config=redacting_log_config(LOGGING_CONFIG),
-            access_log=args.access_log,
-            timeout_graceful_shutdown=args.drain_s,
-        )
+        server.run(sockets=sockets)
     except KeyboardInterrupt:
         pass
+    finally:
+        for sock in sockets or ():
+            sock.close()
+    if not server.started:
+        return 3  # as uvicorn.run: the app or the socket did not start
     _say_stopped()
     return 0
 
@@ -152,7 +218,9 @@ def _write(text: str, out: str | None) -> int:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from gateway.offline.replay.run import ReplayConfig, evaluate
+    from gateway.offline.replay.fleet import FleetConfig, parse_counts, parse_sharings
+    from gateway.offline.replay.report import scale_out_table
+    from gateway.offline.replay.run import ReplayConfig, evaluate, evaluate_scale_out
     from gateway.offline.replay.traces import TraceError, read_trace
 
     try:
@@ -166,14 +234,30 @@ def _replay(args: argparse.Namespace) -> int:
         block_tokens=args.block_tokens,
         prefill_tps=args.prefill_tps,
         decode_tps=args.decode_tps,
+        window_s=args.window_s,
     )
     try:
         trace = list(read_trace(Path(args.trace), block_tokens=args.block_tokens))
     except (OSError, TraceError) as exc:
         print(f"gateway replay: {exc}", file=sys.stderr)
         return 2
-    result = {"trace": args.trace, "policy": args.policy, **evaluate(trace, routing, config)}
-    return _print_report(result, args.json, _replay_table)
+    if args.gateways is None:
+        result = {"trace": args.trace, "policy": args.policy, **evaluate(trace, routing, config)}
+        return _print_report(result, args.json, _replay_table)
+    try:
+        counts, sharings = parse_counts(args.gateways), parse_sharings(args.sharing)
+        fleet = FleetConfig(
+            balancer=args.balancer,
+            batch_s=args.batch_ms / 1000,
+            lag_s=args.lag_ms / 1000,
+            seed=args.seed,
+        )
+    except ValueError as exc:
+        print(f"gateway replay: {exc}", file=sys.stderr)
+        return 2
+    scale_out = evaluate_scale_out(trace, routing, config, counts, sharings, fleet)
+    result = {"trace": args.trace, "policy": args.policy, **scale_out}
+    return _print_report(result, args.json, scale_out_table)
 
 
 def _print_report(
@@ -318,6 +402,13 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.add_argument("--access-log", action="store_true", help="log every request")
     serve.add_argument("--drain-s", type=float, default=20.0, help="graceful shutdown budget")
+    serve.add_argument(
+        "--workers",
+        type=int,
+        default=int(os.environ.get("GATEWAY_WORKERS", "1")),
+        help="serving processes on the one port, about one core each "
+        "(default: $GATEWAY_WORKERS or 1)",
+    )
     serve.set_defaults(run=_serve)
 
     policy = sub.add_parser("policy", help="policy tools").add_subparsers(
@@ -354,6 +445,34 @@ def main(argv: list[str] | None = None) -> int:
     )
     replay.add_argument(
         "--decode-tps", type=float, default=30.0, help="simulated decode tokens/s per request"
+    )
+    replay.add_argument(
+        "--gateways",
+        metavar="K[,K...]",
+        help="K gateway routers behind a balancer (e.g. 1,2,4,8): the scale-out report",
+    )
+    replay.add_argument("--balancer", choices=("random", "round_robin"), default="random")
+    replay.add_argument(
+        "--sharing",
+        default="none",
+        metavar="none|placements[,...]",
+        help="what the gateways share (with --gateways); a list runs each side by side",
+    )
+    replay.add_argument(
+        "--batch-ms",
+        type=float,
+        default=10.0,
+        help="placement publisher's flush interval (routing.sharing.flush_ms)",
+    )
+    replay.add_argument(
+        "--lag-ms",
+        type=float,
+        default=0.0,
+        help="from a flush until the other gateways applied it (Redis round trip)",
+    )
+    replay.add_argument("--seed", type=int, default=0, help="the random balancer's seed")
+    replay.add_argument(
+        "--window-s", type=float, default=60.0, help="window of the imbalance figure"
     )
     replay.add_argument("--json", action="store_true", help="one JSON object instead of a table")
     replay.set_defaults(run=_replay)

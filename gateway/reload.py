@@ -74,9 +74,14 @@ class ReloadMetrics:
             "When the policy serving was applied (Unix time).",
             registry=registry,
         )
+        self._serving: str | None = None
 
     def serving(self, sha256: str) -> None:
-        self.info.clear()
+        # The previous policy's series is set to 0, not cleared: in prometheus_client's
+        # multiprocess mode (`gateway serve --workers N`) `clear()` does nothing.
+        previous, self._serving = self._serving, sha256
+        if previous is not None and previous != sha256:
+            self.info.labels(previous).set(0)
         self.info.labels(sha256).set(1)
         self.loaded.set_to_current_time()
 

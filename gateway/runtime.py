@@ -21,6 +21,8 @@ the gateway forget what it learned about the engines:
 - the breakers, when `resilience.breaker` is unchanged (they are keyed by replica id);
 - the router (which replica's prefix cache holds what, session homes, recent load), when
   `routing` is unchanged; a changed `routing` (a weight, the strategy) starts a new one.
+- the instance id routing sharing publishes under (gateway/sharing/), so the new runtime's
+  followers skip what the old one's publisher wrote.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from gateway.dashboard.fleet_view import FleetView
 from gateway.fleet.discovery import Discovery, DiscoveryMetrics, Resolver
 from gateway.fleet.engine_metrics import EngineLoad, EngineMetricsScraper, EngineStats
 from gateway.fleet.health import HealthMonitor
+from gateway.fleet.kv_events import KvEventSubscriber
 from gateway.fleet.replicas import Fleet
 from gateway.pipeline import Pipeline
 from gateway.policy import Policy
@@ -50,9 +53,11 @@ from gateway.resilience.response_cache import RedisResponseCache
 from gateway.responses.records import RedisResponseRecords
 from gateway.responses.service import ResponsesService
 from gateway.routing.build import build_router
-from gateway.routing.router import Router
+from gateway.routing.router import CacheAwareRouter, Router
 from gateway.sessions.store import RedisCheckpoints
 from gateway.sessions.turns import SessionTurns
+from gateway.sharing.publishing import PublishingRouter
+from gateway.sharing.service import RoutingShare, new_instance_id
 from gateway.state.store import StateStore
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.prices import Prices
@@ -106,6 +111,11 @@ class Runtime:
     pipeline: Pipeline
     responses: ResponsesService
     approvals: Approvals  # the approvals API's (gateway/approvals/)
+    # Follows the engines' KV-cache events: routing forgets a cache its engine lost.
+    kv_events: KvEventSubscriber | None = None
+    # Placements and in-flight counts shared with the other gateways (gateway/sharing/);
+    # None when sharing is off or the strategy keeps no routing state.
+    sharing: RoutingShare | None = None
 
     async def start(self, *, first: bool) -> None:
         """Start the background tasks, after one round of each that the first requests
@@ -115,6 +125,8 @@ class Runtime:
         a kept router reads from the new scraper as soon as this runtime is active."""
         await self.discovery.refresh_all()
         self.discovery.start()
+        if self.kv_events is not None:
+            await self.kv_events.start()  # after discovery: the replicas to follow are known
         if self.monitor is not None:
             if first:
                 await self.monitor.check_all(first=True)
@@ -123,6 +135,8 @@ class Runtime:
             if not first:
                 await self.scraper.scrape_all()
             self.scraper.start()
+        if self.sharing is not None:
+            await self.sharing.start()
 
     def activate(self, state: State, services: Services, previous: Runtime | None) -> None:
         """Make this the runtime new requests use. Synchronous on purpose: nothing else
@@ -152,10 +166,14 @@ class Runtime:
     async def stop(self) -> None:
         """Stop the background tasks; requests still running on these objects finish."""
         await self.discovery.stop()
+        if self.kv_events is not None:
+            await self.kv_events.stop()
         if self.monitor is not None:
             await self.monitor.stop()
         if self.scraper is not None:
             await self.scraper.stop()
+        if self.sharing is not None:
+            await self.sharing.stop()
 
 
 def build_runtime(policy: Policy, services: Services, previous: Runtime | None = None) -> Runtime:
@@ -188,6 +206,7 @@ def build_runtime(policy: Policy, services: Services, previous: Runtime | None =
         scraper.stats if scraper else _no_stats,
         services.telemetry.live.replica_requests,
     )
+    sharing = _routing_share(policy, services, fleet, router, previous)
     checkpoints = RedisCheckpoints(redis, ttl_s=policy.sessions.ttl_s)
     tenants = TenantPolicies(policy)  # each tenant's settings, merged once
     trimmer, tenant_trimmers = policy_trimmers(policy.trimming, tenants)
@@ -212,11 +231,12 @@ def build_runtime(policy: Policy, services: Services, previous: Runtime | None =
         ),
         dispatcher=Dispatcher(
             policy,
-            router,
+            PublishingRouter(router, sharing) if sharing is not None else router,
             client,
             metrics,
             engine_load=scraper.get if scraper else None,
             breakers=breakers,
+            peer_inflight=sharing.peer_inflight if sharing is not None else None,
         ),
         answers=RedisResponseCache(redis, ttl_s=policy.resilience.response_cache.ttl_s),
         tenants=tenants,
@@ -241,6 +261,25 @@ def build_runtime(policy: Policy, services: Services, previous: Runtime | None =
             tenants=tenants,
         ),
         approvals=approvals,
+        kv_events=KvEventSubscriber(fleet.all_replicas, router.forget, metrics),
+        sharing=sharing,
+    )
+
+
+def _routing_share(
+    policy: Policy, services: Services, fleet: Fleet, router: Router, previous: Runtime | None
+) -> RoutingShare | None:
+    """Sharing is on when asked, or by default when the state store is a Redis other
+    gateways can reach (`state.redis_url`). A reload keeps the process's instance id, so
+    the new runtime skips what the old one published."""
+    spec = policy.routing.sharing
+    enabled = spec.enabled if spec.enabled is not None else bool(policy.state.redis_url)
+    redis = services.state.redis
+    if not enabled or redis is None or not isinstance(router, CacheAwareRouter):
+        return None
+    kept = previous.sharing.instance if previous is not None and previous.sharing else None
+    return RoutingShare(
+        redis, spec, fleet, router, services.metrics, instance=kept or new_instance_id()
     )
 
 

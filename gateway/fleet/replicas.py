@@ -8,6 +8,10 @@ gateway. A replica object keeps its identity (and health, in-flight count, and, 
 its id, breaker and routing state) for as long as its URL is listed by any source; when
 it stops being listed, the fleet's departure listeners are told (the router forgets what
 the replica's cache held: a replica that comes back has an empty one).
+
+A replica may publish its KV-cache events (gateway/fleet/kv_events.py follows them): the
+engine state file records where; replicas from the policy or DNS publish at fixed offsets
+from their HTTP port when their pool says `kv_events: true` (`kv_event_endpoints`).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from gateway.errors import ModelNotFound
 from gateway.policy import Endpoint, Policy
@@ -27,6 +32,26 @@ from gateway.policy.schema import PoolSpec
 log = logging.getLogger(__name__)
 
 Departure = Callable[["Replica"], None]
+
+# Where an engine publishes its KV-cache events and serves their replay, from its HTTP
+# port: the rule engine/profiles.py renders into `--kv-events-config` (and engine/manifests.py
+# into named container ports), repeated here because the gateway does not import engine/.
+KV_EVENTS_PORT_OFFSET = -1000
+KV_REPLAY_PORT_OFFSET = -2000
+
+
+def kv_event_endpoints(url: str) -> tuple[str, str] | None:
+    """(events, replay) ZMQ endpoints of the engine serving `url`; None when its URL
+    names no port the offsets can apply to."""
+    parts = urlsplit(url)
+    host, port = parts.hostname, parts.port
+    if host is None or port is None or port + KV_REPLAY_PORT_OFFSET < 1:
+        return None
+    host = f"[{host}]" if ":" in host else host
+    return (
+        f"tcp://{host}:{port + KV_EVENTS_PORT_OFFSET}",
+        f"tcp://{host}:{port + KV_REPLAY_PORT_OFFSET}",
+    )
 
 
 @dataclass(eq=False)
@@ -43,6 +68,10 @@ class Replica:
     # The in-flight requests by tenant (only tenants with some): fair admission's count of
     # who holds the pool's slots (gateway/resilience/fair_share.py).
     by_tenant: dict[str, int] = field(default_factory=dict)
+    # Where the engine publishes its KV-cache events, and serves their replay (ZMQ
+    # endpoints); None: it publishes none the gateway knows of.
+    kv_events: str | None = None
+    kv_replay: str | None = None
     id: str = field(init=False)
 
     def __post_init__(self) -> None:
@@ -82,12 +111,14 @@ class Pool:
         # requests running on it give their slot back to the object new requests count.
         self._previous = {r.url: r for r in previous.replicas} if previous else {}
         self._all: list[Replica] = []
-        self._static = [self._replica(r.url, "") for r in spec.replicas]
+        self._static = [self._replica(r.url, "", self._conventional(r.url)) for r in spec.replicas]
         self._from_state: list[Replica] = []
         self._from_dns: list[Replica] = []
         if previous is not None and previous.spec.discover == spec.discover:
             # The last DNS answer, until this pool's own first lookup (which may fail).
-            self._from_dns = [self._replica(r.url, "") for r in previous.discovered]
+            self._from_dns = [
+                self._replica(r.url, "", self._conventional(r.url)) for r in previous.discovered
+            ]
         self._state_stamp: tuple[int, int] | None = None
         self._rebuild()
         if previous is not None:
@@ -133,7 +164,8 @@ class Pool:
                 continue
             url = str(entry.get("url", "")).rstrip("/")
             if url:
-                fresh.append(self._replica(url, str(entry.get("served_model") or "")))
+                served = str(entry.get("served_model") or "")
+                fresh.append(self._replica(url, served, _recorded_kv_events(entry)))
         if [r.url for r in fresh] != [r.url for r in self._from_state]:
             log.info("pool %s: %d replica(s) from %s", self.name, len(fresh), path)
         self._from_state = fresh
@@ -141,14 +173,25 @@ class Pool:
 
     def adopt_discovered(self, urls: Sequence[str]) -> None:
         """The pool's DNS replicas become exactly these URLs (gateway/fleet/discovery.py)."""
-        fresh = [self._replica(url, "") for url in dict.fromkeys(urls)]
+        fresh = [self._replica(url, "", self._conventional(url)) for url in dict.fromkeys(urls)]
         if [r.url for r in fresh] != [r.url for r in self._from_dns]:
             log.info("pool %s: %d replica(s) from DNS", self.name, len(fresh))
         self._from_dns = fresh
         self._rebuild()
 
-    def _replica(self, url: str, served_model: str) -> Replica:
+    def _conventional(self, url: str) -> tuple[str, str | None] | None:
+        return kv_event_endpoints(url) if self.spec.kv_events else None
+
+    def _replica(
+        self, url: str, served_model: str, kv_events: tuple[str, str | None] | None = None
+    ) -> Replica:
         """The replica already listed under this URL, by any source, or a new one."""
+        replica = self._listed(url, served_model)
+        if kv_events is not None and replica.kv_events is None:
+            replica.kv_events, replica.kv_replay = kv_events
+        return replica
+
+    def _listed(self, url: str, served_model: str) -> Replica:
         for replica in self._all:
             if replica.url == url:
                 return replica
@@ -178,6 +221,15 @@ def _read_state_entries(path: Path) -> list[dict[str, Any]]:
         return []
     replicas = data.get("replicas") if isinstance(data, dict) else None
     return [r for r in replicas if isinstance(r, dict)] if isinstance(replicas, list) else []
+
+
+def _recorded_kv_events(entry: dict[str, Any]) -> tuple[str, str | None] | None:
+    """The events and replay endpoints an engine state entry records (engine/state.py)."""
+    events = entry.get("kv_events")
+    if not isinstance(events, str) or not events:
+        return None
+    replay = entry.get("kv_replay")
+    return events, replay if isinstance(replay, str) and replay else None
 
 
 class Fleet:

@@ -35,6 +35,10 @@ RESTART_ONLY: dict[str, str] = {
     "keys created at run time (`gateway keys create`, POST /admin/keys) need no restart",
     "state": "the state store's connection (or embedded Redis) is opened once, and sessions, "
     "usage and stored responses live in it: switching stores would strand them",
+    "routing.sharing": "turning sharing on or off is a change to the whole fleet of "
+    "gateways (one that stops publishing is still counted by the others until its in-flight "
+    "counts expire), and any change to `routing` starts a new router, dropping the prefix "
+    "index sharing filled: roll it out by restarting the gateways",
     "telemetry": "the trace exporter, the request log and the usage ledger (which keeps the "
     "start-up sessions.ttl_s for per-session usage) are opened once, and the edge "
     "middleware holds them",

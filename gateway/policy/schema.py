@@ -152,6 +152,44 @@ class RoutingWeights(Strict):
     session: float = Field(8.0, ge=0, description="For leaving the replica the session uses.")
 
 
+class SharingSpec(Strict):
+    """Routing state shared between gateway processes through the state store's Redis
+    (gateway/sharing/): each gateway publishes where it sent what, and learns the others'
+    placements and in-flight counts; reads stay in process. Restart-only."""
+
+    enabled: bool | None = Field(
+        None,
+        description="Share placements and in-flight counts with the other gateways. Unset: on "
+        "when `state.redis_url` is set (a shared Redis is how several gateways meet; the "
+        "embedded Redis is private to one process, so there is no one to share with).",
+    )
+    flush_ms: int = Field(
+        10,
+        ge=1,
+        le=1000,
+        description="How often queued placements and in-flight counts are written to Redis: "
+        "the bound on how stale the other gateways' view is, less one Redis round trip.",
+    )
+    stream_max_entries: int = Field(
+        10_000,
+        ge=100,
+        description="A pool's placement stream is trimmed to about this many batches "
+        "(XADD MAXLEN ~): what a gateway can catch up on after a Redis outage.",
+    )
+    inflight_ttl_s: float = Field(
+        2.0,
+        gt=0,
+        description="Another gateway's published in-flight counts stop counting toward "
+        "`max_inflight_per_replica` when it has not renewed them for this long (it stopped "
+        "or lost Redis).",
+    )
+    max_queued: int = Field(
+        10_000,
+        ge=1,
+        description="Placements held while Redis does not answer; older ones are dropped.",
+    )
+
+
 class RoutingSpec(Strict):
     strategy: Literal["cache_aware", "round_robin"] = "cache_aware"
     block_bytes: int = Field(
@@ -190,6 +228,10 @@ class RoutingSpec(Strict):
         0.98, gt=0, le=1, description="KV usage at which a replica is saturated."
     )
     scrape_interval_s: float = Field(1.0, gt=0, description="How often engines' /metrics are read.")
+    sharing: SharingSpec = Field(
+        SharingSpec(),
+        description="Placements and in-flight counts shared with the other gateway processes.",
+    )
 
 
 class ReplicaSpec(Strict):
@@ -244,6 +286,13 @@ class PoolSpec(Strict):
     )
     structured_outputs: bool = Field(
         True, description="The engines constrain output to a schema, choice or regex (vLLM)."
+    )
+    kv_events: bool = Field(
+        False,
+        description="Follow the KV-cache events of the replicas listed in `replicas:` and "
+        "found through `discover:` at their HTTP port - 1000 (replay socket: - 2000), the "
+        "ports engine profiles and manifests give them. Replicas from `engine_state:` are "
+        "followed wherever the state file says they publish, whatever this says.",
     )
     price: PriceSpec | None = Field(
         None, description="What this pool's model costs per million tokens (token economics)."

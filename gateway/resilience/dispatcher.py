@@ -172,13 +172,17 @@ class Dispatcher:
         *,
         engine_load: Callable[[str], EngineLoad | None] | None = None,
         breakers: Breakers | None = None,
+        peer_inflight: Callable[[str], int] | None = None,
     ) -> None:
+        """`peer_inflight`: a replica's requests in flight from the other gateway processes,
+        as they last published them (gateway/sharing/); without it, this gateway's own."""
         self._policy = policy
         self._router = router
         self._upstream = upstream
         self._metrics = metrics
         self._engine_load = engine_load or (lambda url: None)
         self._breakers = breakers or Breakers(policy, metrics)
+        self._peer_inflight = peer_inflight or _none_elsewhere
         self._weights = {name: spec.share for name, spec in policy.tenants.items()}
         self._lines: dict[str, FairQueue] = {}  # per pool: who waits for a slot
 
@@ -371,7 +375,13 @@ class Dispatcher:
         )
 
     def _full(self, replica: Replica) -> bool:
-        if replica.inflight >= self._policy.resilience.admission.max_inflight_per_replica:
+        """At `max_inflight_per_replica` counting every gateway's requests, or the engine's
+        queue at `routing.max_waiting`. The other gateways' share is eventually consistent:
+        as old as their last flush (`routing.sharing.flush_ms`) plus a Redis round trip, so
+        gateways admitting within that window can together pass the limit by what each
+        admitted in it."""
+        inflight = replica.inflight + self._peer_inflight(replica.id)
+        if inflight >= self._policy.resilience.admission.max_inflight_per_replica:
             return True
         engine = self._engine_load(replica.url)
         return engine is not None and engine.waiting >= self._policy.routing.max_waiting
@@ -381,6 +391,10 @@ class Dispatcher:
             f"No healthy replica is available for model `{model}`; try again shortly.",
             retry_after_s=self._policy.health.retry_after_s,
         )
+
+
+def _none_elsewhere(replica_id: str) -> int:
+    return 0
 
 
 def _wait_of(state: RetryCallState, retries: RetrySpec) -> float:

@@ -20,6 +20,9 @@ class LoadTracker:
         self._clock = clock
         self._work: dict[str, tuple[float, float]] = {}  # replica -> (work, as of)
 
+    def now(self) -> float:
+        return self._clock()
+
     def recent(self, replica: str) -> float:
         return self.recent_many([replica])[0]
 

@@ -8,7 +8,9 @@ rotate. State that costs read (prefix index, recent load, session homes) changes
 Several gateway replicas agree without talking per request: a session's home is the
 replica it was last sent to here, or else its rendezvous-hash winner among the candidates,
 which every gateway computes alike; load comes from the engines' own /metrics, which every
-gateway scrapes; the prefix index is each gateway's own record of what it sent.
+gateway scrapes; the prefix index and recent work are each gateway's own record of what it
+sent, plus what the other gateways sent when routing is shared (gateway/sharing/ calls
+`learn` with their placements).
 
 `RoundRobinRouter` is the baseline the benchmarks compare against.
 """
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -35,6 +37,10 @@ from gateway.routing.costs import (
 from gateway.routing.index import PrefixIndex
 from gateway.routing.load import LoadTracker
 from gateway.routing.openings import ConversationOpenings
+
+# Placements remembered per replica for `forget(keep_since=...)`: more than an engine runs
+# in one step here.
+_RECENT_PLACEMENTS = 256
 
 _IDLE = EngineLoad()  # a replica not scraped (yet) counts as idle
 
@@ -62,9 +68,12 @@ class Router(Protocol):
 
     def dispatched(self, decision: ReplicaChoice, request: RouteRequest) -> None: ...
 
-    def forget(self, replica_id: str) -> None:
-        """The replica left its pool: drop what is known about it (if it comes back, its
-        cache is empty)."""
+    def forget(self, replica_id: str, keep_since: float | None = None) -> None:
+        """The replica's cache is gone (it left its pool, restarted, or its engine cleared
+        it): drop what is known about it. `keep_since` (the router's clock): requests
+        sent to it after then reached the engine after the loss, so their blocks are
+        held again (gateway/fleet/kv_events.py: a clear is published only after the
+        engine's next step, which runs the requests sent since its previous one)."""
         ...
 
     def cached_share(self, replicas: Sequence[Replica], request: RouteRequest) -> float:
@@ -134,6 +143,8 @@ class CacheAwareRouter:
         self._load = load
         self._engine_loads = engine_loads
         self._sessions: OrderedDict[str, str] = OrderedDict()  # session -> replica id
+        # The last placements per replica, for what a cache loss must not erase (`forget`).
+        self._recent: dict[str, deque[tuple[float, tuple[int, ...]]]] = {}
         self._openings = ConversationOpenings(settings.shared_opening_conversations)
         self._turn = itertools.count()
 
@@ -169,8 +180,7 @@ class CacheAwareRouter:
 
     def dispatched(self, decision: ReplicaChoice, request: RouteRequest) -> None:
         replica = decision.replica.id
-        self._load.add(replica, len(request.blocks) - decision.cached_blocks + 1)
-        self._index.record(replica, request.blocks)
+        self.learn(replica, request.blocks, placed_work(decision))
         if request.session is not None:
             if request.session not in self._sessions:  # the conversation's first request
                 self._openings.record(request.blocks)
@@ -179,10 +189,28 @@ class CacheAwareRouter:
             if len(self._sessions) > self._settings.session_memory:
                 self._sessions.popitem(last=False)
 
-    def forget(self, replica_id: str) -> None:
+    def learn(self, replica_id: str, blocks: Sequence[int], work: float) -> None:
+        """A request with these prefix blocks went to the replica, adding `work` to it:
+        sent from here (`dispatched`), or by another gateway (gateway/sharing/)."""
+        self._load.add(replica_id, work)
+        self._index.record(replica_id, blocks)
+        recent = self._recent.get(replica_id)
+        if recent is None:
+            recent = self._recent[replica_id] = deque(maxlen=_RECENT_PLACEMENTS)
+        recent.append((self._load.now(), tuple(blocks)))
+
+    def forget(self, replica_id: str, keep_since: float | None = None) -> None:
         # Session homes naming it fall back to rendezvous among the replicas left.
         self._index.forget(replica_id)
         self._load.forget(replica_id)
+        recent = self._recent.pop(replica_id, None)
+        if keep_since is None or not recent:
+            return
+        kept = [(at, blocks) for at, blocks in recent if at > keep_since]
+        for _, blocks in kept:
+            self._index.record(replica_id, blocks)
+        if kept:
+            self._recent[replica_id] = deque(kept, maxlen=_RECENT_PLACEMENTS)
 
     def cached_share(self, replicas: Sequence[Replica], request: RouteRequest) -> float:
         return best_cached_share(self._index, replicas, request)
@@ -219,6 +247,12 @@ class CacheAwareRouter:
         return out
 
 
+def placed_work(decision: ReplicaChoice) -> float:
+    """The prefill work a dispatch adds to its replica, in blocks: the ones it was not
+    believed to hold, plus one for the request itself (routing/load.py)."""
+    return decision.total_blocks - decision.cached_blocks + 1
+
+
 def _reason(
     chosen: Candidate, candidates: Sequence[Candidate], request: RouteRequest, tied: int
 ) -> str:
@@ -248,7 +282,7 @@ class RoundRobinRouter:
     def dispatched(self, decision: ReplicaChoice, request: RouteRequest) -> None:
         pass
 
-    def forget(self, replica_id: str) -> None:
+    def forget(self, replica_id: str, keep_since: float | None = None) -> None:
         pass
 
     def cached_share(self, replicas: Sequence[Replica], request: RouteRequest) -> float:

@@ -25,6 +25,8 @@ the same tag, so they live in one slot (one node) and one MULTI/EXEC may touch t
     agw:quota:{<tenant>}:key:<id>:<unit>   hash    one key's rate bucket (quota/store.py)
     agw:quota:{<tenant>}:<period>:<date>   hash    budget used in a day or month (quota/store.py)
     agw:quota:{<tenant>}:once:<call id>    string  an admission's answer, 60 s (quota/store.py)
+    agw:routing:{<pool>}:placements        stream  where gateways sent what (sharing/)
+    agw:routing:{<pool>}:inflight          hash    gateway -> its in-flight counts (sharing/)
 
 Every command touches one key, or keys of one tag (a session's turns and blobs together),
 so no command or transaction ever spans slots. Every quota key of one tenant carries the
@@ -105,3 +107,12 @@ def approval_key(tenant: str, approval_id: str) -> str:
 def approvals_key(tenant: str, part: str) -> str:
     """A tenant's approvals index (`index`) or audit stream (`audit`)."""
     return "agw:approvals:{" + _tag_text(tenant) + "}:" + part
+
+
+# -- routing shared between gateways (gateway/sharing/) ---------------------------------
+
+
+def routing_key(pool: str, part: str) -> str:
+    """A pool's placement stream (`placements`) or in-flight hash (`inflight`); both carry
+    the pool's tag, so one pipeline reaches them on one node."""
+    return "agw:routing:{" + _tag_text(pool) + "}:" + part

@@ -8,8 +8,11 @@ name is listed in the README.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+import os
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.multiprocess import MultiProcessCollector
 
 # Latency buckets (seconds): engines on this kind of machine answer in tens of ms to
 # minutes; the gateway's own share is meant to stay under a millisecond.
@@ -97,6 +100,22 @@ class GatewayMetrics:
             "gateway_prefix_blocks",
             "Prompt prefix blocks routed, by pool and whether the chosen replica held them.",
             ["pool", "cached"],
+            registry=self.registry,
+        )
+        # How well routing predicts the engine's prefix cache: for each answer with usage,
+        # the prompt tokens routing expected the chosen replica to hold (its share of the
+        # prompt's blocks) against what the engine reported. Mean error over prompt tokens
+        # = rate(..._abs_error_tokens) / rate(..._prompt_tokens).
+        self.cache_prediction_error = Counter(
+            "gateway_cache_prediction_abs_error_tokens",
+            "Sum of |expected - reported cached prompt tokens| of routed answers, by pool.",
+            ["pool"],
+            registry=self.registry,
+        )
+        self.cache_prediction_prompt = Counter(
+            "gateway_cache_prediction_prompt_tokens",
+            "Prompt tokens of the answers whose cache prediction was scored, by pool.",
+            ["pool"],
             registry=self.registry,
         )
         self.prefix_changes = Counter(
@@ -228,5 +247,88 @@ class GatewayMetrics:
             registry=self.registry,
         )
 
+        # Routing shared between gateway processes (gateway/sharing/).
+        self.sharing_up = Gauge(
+            "gateway_routing_sharing_up",
+            "1 while placements and in-flight counts reach the other gateways through Redis; "
+            "0 when Redis does not answer and this gateway routes on its own view.",
+            registry=self.registry,
+        )
+        self.sharing_placements = Counter(
+            "gateway_routing_placements",
+            "Placements shared between gateways, by outcome: published (written to Redis), "
+            "applied (another gateway's, learned here), dropped (queued while Redis was "
+            "down and discarded, or naming a replica this gateway does not know).",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.sharing_lag = Histogram(
+            "gateway_routing_sharing_lag_seconds",
+            "From another gateway's dispatch to its placement being applied here (wall "
+            "clocks of two hosts: includes their skew).",
+            buckets=_OVERHEAD_BUCKETS,
+            registry=self.registry,
+        )
+
+        # The engines' KV-cache events (gateway/fleet/kv_events.py), by replica id.
+        self.kv_events = Counter(
+            "gateway_engine_kv_events",
+            "KV-cache events received from the engines, by replica and type (BlockStored, "
+            "BlockRemoved, AllBlocksCleared, other: a type this gateway does not know).",
+            ["replica", "type"],
+            registry=self.registry,
+        )
+        self.kv_malformed_frames = Counter(
+            "gateway_engine_kv_malformed_frames",
+            "KV-event messages that did not decode, skipped, by replica.",
+            ["replica"],
+            registry=self.registry,
+        )
+        self.kv_gaps = Counter(
+            "gateway_engine_kv_gaps",
+            "Jumps in a replica's KV-event sequence numbers (messages missed).",
+            ["replica"],
+            registry=self.registry,
+        )
+        self.kv_replays = Counter(
+            "gateway_engine_kv_replays",
+            "Missed KV events asked of a replica's replay socket, by outcome: complete, "
+            "partial (no longer buffered), timeout, unavailable (no replay socket).",
+            ["replica", "outcome"],
+            registry=self.registry,
+        )
+        self.kv_forgotten = Counter(
+            "gateway_engine_kv_forgotten",
+            "Times routing forgot a replica's prefix cache on its engine's word, by reason: "
+            "cleared (AllBlocksCleared), restart (sequence numbers began again), reconnect.",
+            ["replica", "reason"],
+            registry=self.registry,
+        )
+        self.kv_blocks_held = Gauge(
+            "gateway_engine_kv_blocks",
+            "KV blocks a replica's prefix cache holds, per its events (stored less removed).",
+            ["replica"],
+            registry=self.registry,
+        )
+        self.kv_subscriber_up = Gauge(
+            "gateway_engine_kv_subscriber_up",
+            "1 while connected to a replica's KV-event stream, else 0.",
+            ["replica"],
+            registry=self.registry,
+        )
+
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return generate_latest(_every_worker() or self.registry)
+
+
+def _every_worker() -> CollectorRegistry | None:
+    """Under `gateway serve --workers N` a scrape reaches one worker, so it answers for
+    all: prometheus_client's multiprocess mode, on when `PROMETHEUS_MULTIPROC_DIR` is set
+    (the supervisor sets it, gateway/edge/workers.py). Counters and histograms are summed
+    over workers; gauges carry a `pid` label."""
+    path = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if not path:
+        return None
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path)  # type: ignore[no-untyped-call]
+    return registry

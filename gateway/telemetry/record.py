@@ -293,6 +293,16 @@ class RequestRecord:
     # -- read at the end ----------------------------------------------------------------
 
     @property
+    def expected_cached_tokens(self) -> int | None:
+        """The prompt tokens routing expected the chosen replica to have cached: its share
+        of the prompt's prefix blocks, in tokens. None when nothing was routed on blocks
+        or the engine did not report its prompt."""
+        prompt = self.result.prompt_tokens
+        if not self.blocks or prompt is None or self.replica is None:
+            return None
+        return round(prompt * self.cached_blocks / len(self.blocks))
+
+    @property
     def duration_ns(self) -> int:
         return (self.end_ns or time.perf_counter_ns()) - self.start_ns
 

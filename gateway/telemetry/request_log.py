@@ -72,6 +72,7 @@ def log_entry(record: RequestRecord) -> dict[str, Any]:
         "cached_blocks": record.cached_blocks,
         "prompt_tokens": result.prompt_tokens,
         "cached_tokens": result.cached_tokens,
+        "expected_cached_tokens": record.expected_cached_tokens,
         "output_tokens": result.completion_tokens,
         "trimmed_tokens": record.trimmed_tokens,
         "attempts": len(record.attempts),

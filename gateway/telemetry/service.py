@@ -156,6 +156,10 @@ class Telemetry:
             child(m.cached_prompt_tokens, tenant, model, tier).inc(spend.cached_input_tokens)
         if spend.output_tokens:
             child(m.completion_tokens, tenant, model, tier).inc(spend.output_tokens)
+        expected, reported = record.expected_cached_tokens, record.result.cached_tokens
+        if expected is not None and reported is not None and record.pool is not None:
+            child(m.cache_prediction_error, record.pool).inc(abs(expected - reported))
+            child(m.cache_prediction_prompt, record.pool).inc(record.result.prompt_tokens or 0)
         if spend.cost_nusd:
             child(m.cost, tenant, model, tier).inc(spend.cost_nusd / NANO)
         for source, nusd in (

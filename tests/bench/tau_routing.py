@@ -2,6 +2,7 @@
 front of the same 2 real `cpu-tiny` vLLM replicas, in one run.
 
     .venv/bin/python -m tests.bench.tau_routing [--conversations 24] [--out FILE]   (make bench-routing)
+    .venv/bin/python -m tests.bench.tau_routing --small-cache --with-scale-out --only ...  (issue 24)
 
 For every assistant turn of every conversation the request is the conversation so far
 plus the domain's tools (max_tokens=1); conversations run 4 at a time, each turn after the
@@ -16,6 +17,22 @@ same without canonicalization: slow, every request misses), and one replica alon
 bound no routing can beat, since it sees every turn (two replicas must each compute the
 shared system+tools prefix once more). Requests per replica come from each engine's own
 /metrics; each gateway's request log is kept in .run/bench/tau-request-logs/.
+
+Scale-out (`--with-scale-out`, issue 24): two `gateway serve` processes sharing the
+machine's Redis (db 12, the bench's own, emptied of `agw:*` keys before each target; the
+pool has a name of its own per target, so no placement stream of another run mixes in),
+with routing sharing on or off. The balancer is the bench client itself: each request goes
+to one of the gateways drawn at random (seeded), as an L4 balancer that knew nothing of
+prompts would send new connections. And one gateway with the engines' KV events followed
+or not (pool `kv_events`), both engines' prefix caches cleared once half the turns are done
+(what an engine restart does to its cache): the events tell routing the cache is gone.
+`--small-cache` gives each engine 1,024 KV blocks of 32 tokens (`--num-gpu-blocks-override`:
+vLLM's CPU backend sizes its cache in whole GiB, 2M tokens of this model, which no run
+fills) and each gateway an index of that size, so that engines evict during the run; the
+gateways following KV events count the engines' BlockRemoved events as the proof.
+Prediction error per gateway target, from its request logs: sum |expected_cached_tokens -
+cached_tokens| / sum prompt_tokens over the requests that have both.
+
 Prints a table and writes JSON. A benchmark, not a test.
 """
 
@@ -23,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import hashlib
 import json
 import os
@@ -32,7 +50,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,6 +64,15 @@ from engine.supervisor import ROOT, Launch, Paths, down, free_port, up
 DATA = ROOT.parent / "shared" / "data" / "agent-trajectories" / "tau_bench_airline_dev.jsonl"
 ROUTER_VERSION = "0.1.17"
 CONCURRENCY = 4
+# Scale-out targets: the machine's Redis, a db index no test or other tool uses.
+BENCH_REDIS = "redis://127.0.0.1:6379/12"
+BALANCER_SEED = 24
+# --small-cache: KV blocks per engine (32-token blocks: 32,768 tokens, 16 MiB of this model;
+# at least max_model_len / block size, or vLLM refuses to start). The gateway's index is
+# sized like it (routing.index_blocks_per_replica: "size it like the engine's cache"), in
+# its own blocks of 512 prompt bytes, about 128 tokens.
+SMALL_CACHE_BLOCKS = 1024
+SMALL_CACHE_INDEX_BLOCKS = SMALL_CACHE_BLOCKS * 32 // 128
 
 
 @dataclass(frozen=True)
@@ -60,6 +87,11 @@ class Target:
     # Two tenants taking turns by conversation, with this `prefix_cache` ("" = one tenant):
     # what keeping tenants' caches apart costs when they share a system prompt.
     tenants: str = ""
+    # Gateway processes behind the client's random balancer, sharing BENCH_REDIS when > 1.
+    gateways: int = 1
+    sharing: bool = True  # routing.sharing.enabled, for gateways > 1
+    kv_events: bool = False  # the pool follows the engines' KV events
+    clear_midway: bool = False  # both engines' prefix caches reset after half the turns
 
 
 TARGETS = [
@@ -79,6 +111,14 @@ TENANTS = [
 ]
 TENANT_KEYS = ("sk-agw-bench-tenant-a-51c0", "sk-agw-bench-tenant-b-9e7d")
 # Every request misses after the system prompt: slow on CPU, so only on request.
+# Issue 24's acceptance targets, beside "gateway cache-aware" and "vllm-router cache_aware";
+# run them with --small-cache. Only on request.
+SCALE_OUT = [
+    Target("2 gateways, shared state", "gateway", gateways=2, kv_events=True),
+    Target("2 gateways, no sharing", "gateway", gateways=2, sharing=False, kv_events=True),
+    Target("gateway, KV events, cleared midway", "gateway", kv_events=True, clear_midway=True),
+    Target("gateway, no KV events, cleared midway", "gateway", clear_midway=True),
+]
 UNCANONICALISED = Target(
     "gateway, tools shuffled, no canonicalization",
     "gateway",
@@ -135,25 +175,63 @@ def wait_http(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 120) -
     raise RuntimeError(f"{url} did not come up")
 
 
+REQUEST_LOGS = ROOT / ".run" / "bench" / "tau-request-logs"  # what each gateway decided
+
+
+def target_slug(target: Target) -> str:
+    return target.name.replace(" ", "_").replace(",", "")
+
+
+def request_logs(target: Target) -> list[Path]:
+    """Where each of the target's gateways writes its request log."""
+    slug = target_slug(target)
+    if target.gateways == 1:
+        return [REQUEST_LOGS / f"{slug}.jsonl"]
+    return [REQUEST_LOGS / f"{slug}-{i}.jsonl" for i in range(target.gateways)]
+
+
 def start_target(
-    target: Target, workers: list[str], work: Path
-) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    slug = target.name.replace(" ", "_").replace(",", "")
-    log = (work / f"{slug}.log").open("wb")
-    log_dir = ROOT / ".run" / "bench" / "tau-request-logs"  # what each gateway decided
-    log_dir.mkdir(parents=True, exist_ok=True)
-    (log_dir / f"{slug}.jsonl").unlink(missing_ok=True)
+    target: Target, workers: list[str], work: Path, small_cache: bool = False
+) -> tuple[list[subprocess.Popen[bytes]], list[str]]:
+    """The target's processes (one but for K gateways) and the base URL of each."""
+    slug = target_slug(target)
+    REQUEST_LOGS.mkdir(parents=True, exist_ok=True)
     if target.kind == "vllm-router":
+        port = free_port()
+        log = (work / f"{slug}.log").open("wb")
         cmd = [str(router_binary()), "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *workers,
                "--policy", "cache_aware", "--log-level", "warning"]  # fmt: skip
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         wait_http(f"http://127.0.0.1:{port}/health", proc)
-        return proc, f"http://127.0.0.1:{port}/v1"
-    policy = work / f"policy-{port}.yaml"
-    policy.write_text(
-        gateway_policy(target, workers, work / f"state-{port}", log_dir / f"{slug}.jsonl")
-    )
+        return [proc], [f"http://127.0.0.1:{port}/v1"]
+    redis_url, pool = "", "tiny"
+    if target.gateways > 1:
+        empty_bench_redis()
+        redis_url, pool = BENCH_REDIS, f"tiny-{os.urandom(4).hex()}"
+    index_blocks = SMALL_CACHE_INDEX_BLOCKS if small_cache else None
+    procs: list[subprocess.Popen[bytes]] = []
+    bases: list[str] = []
+    try:
+        for request_log in request_logs(target):
+            request_log.unlink(missing_ok=True)
+            port = free_port()
+            policy = work / f"policy-{port}.yaml"
+            policy.write_text(
+                gateway_policy(target, workers, work / f"state-{port}", request_log,
+                               redis_url=redis_url, pool=pool, index_blocks=index_blocks)
+            )  # fmt: skip
+            procs.append(start_gateway(policy, port, (work / f"{request_log.stem}.log")))
+            bases.append(f"http://127.0.0.1:{port}/v1")
+        for proc, base in zip(procs, bases, strict=True):
+            wait_http(f"{base.removesuffix('/v1')}/readyz", proc)
+    except BaseException:
+        stop_all(procs)
+        raise
+    return procs, bases
+
+
+def start_gateway(policy: Path, port: int, log_path: Path) -> subprocess.Popen[bytes]:
+    log = log_path.open("wb")
     cmd = [
         sys.executable,
         "-m",
@@ -166,16 +244,51 @@ def start_target(
         "--log-level",
         "warning",
     ]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    wait_http(f"http://127.0.0.1:{port}/readyz", proc)
-    return proc, f"http://127.0.0.1:{port}/v1"
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
 
 
-def gateway_policy(target: Target, workers: list[str], state_dir: Path, request_log: Path) -> str:
+def stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        proc.wait(timeout=30)
+
+
+def empty_bench_redis() -> None:
+    """The gateway keys of the bench's own Redis db, from an earlier target or run."""
+    import redis  # the gateway's own dependency; only the scale-out targets need it
+
+    client = redis.Redis.from_url(BENCH_REDIS)
+    try:
+        keys = list(client.scan_iter(match="agw:*", count=1000))
+        if keys:
+            client.delete(*keys)
+    finally:
+        client.close()
+
+
+def gateway_policy(
+    target: Target,
+    workers: list[str],
+    state_dir: Path,
+    request_log: Path,
+    *,
+    redis_url: str = "",
+    pool: str = "tiny",
+    index_blocks: int | None = None,
+) -> str:
     """The gateway's policy for `target` in front of `workers` (checked by a unit test:
-    tests/unit/test_bench_policies.py)."""
+    tests/unit/test_bench_policies.py). `redis_url`: the shared state store of several
+    gateways (else each has its own embedded one); `index_blocks`: the routing index's
+    size per replica (else the default)."""
     replicas = ", ".join(f'{{url: "{w}"}}' for w in workers)
-    weights = f", weights: {target.weights}" if target.weights else ""
+    routing = f", weights: {target.weights}" if target.weights else ""
+    if index_blocks is not None:
+        routing += f", index_blocks_per_replica: {index_blocks}"
+    if redis_url and not target.sharing:
+        routing += ", sharing: {enabled: false}"
+    state = f'redis_url: "{redis_url}"' if redis_url else f'embedded_dir: "{state_dir}"'
+    kv_events = ", kv_events: true" if target.kv_events else ""
     canonical = str(target.canonicalize).lower()
     tenants = ""
     if target.tenants:
@@ -185,22 +298,30 @@ def gateway_policy(target: Target, workers: list[str], state_dir: Path, request_
             for i, key in enumerate(TENANT_KEYS)
         )
     return f"""version: 1
-state: {{embedded_dir: "{state_dir}"}}
-routing: {{strategy: {target.strategy}{weights}}}
+state: {{{state}}}
+routing: {{strategy: {target.strategy}{routing}}}
 telemetry: {{request_log: "{request_log}"}}
 canonicalize: {{sort_tools: {canonical}, sort_schema_keys: {canonical}}}
-pools: {{tiny: {{served_model: tiny, replicas: [{replicas}]}}}}
-models: {{tiny: {{pool: tiny}}}}
+pools: {{{pool}: {{served_model: tiny, replicas: [{replicas}]{kv_events}}}}}
+models: {{tiny: {{pool: {pool}}}}}
 {tenants}"""
 
 
 async def run_workload(
-    base: str, convs: list[list[dict[str, Any]]], shuffle: bool, keys: tuple[str, ...] = ()
+    bases: list[str],
+    convs: list[list[dict[str, Any]]],
+    shuffle: bool,
+    keys: tuple[str, ...] = (),
+    midway: Callable[[], Coroutine[Any, Any, None]] | None = None,
 ) -> dict[str, Any]:
     """Every conversation turn by turn, 4 at a time; with `keys`, conversation i is sent
-    with key i mod len(keys) (a tenant each)."""
+    with key i mod len(keys) (a tenant each). Each request goes to one of `bases` drawn at
+    random (seeded: the balancer); `midway` runs once half the turns are answered."""
     totals: dict[str, Any] = {"requests": 0, "prompt_tokens": 0, "cached_tokens": 0, "errors": 0}
     rng = random.Random(1234)
+    balancer = random.Random(BALANCER_SEED)
+    halfway = sum(map(len, convs)) // 2
+    midway_task: list[asyncio.Task[None]] = []
     queue: asyncio.Queue[tuple[int, list[dict[str, Any]]]] = asyncio.Queue()
     for index, conv in enumerate(convs):
         queue.put_nowait((index, conv))
@@ -215,7 +336,10 @@ async def run_workload(
                     rng.shuffle(tools)
                 body = {"model": "tiny", "messages": turn["messages"], "tools": tools,
                         "tool_choice": "none", "max_tokens": 1, "temperature": 0}  # fmt: skip
+                base = bases[balancer.randrange(len(bases))] if len(bases) > 1 else bases[0]
                 response = await client.post(f"{base}/chat/completions", json=body, headers=headers)
+                if midway is not None and not midway_task and totals["requests"] >= halfway:
+                    midway_task.append(asyncio.create_task(midway()))
                 if response.status_code != 200:
                     totals["errors"] += 1
                     continue
@@ -228,6 +352,8 @@ async def run_workload(
 
     async with httpx.AsyncClient(timeout=600) as client:
         await asyncio.gather(*(agent(client, i) for i in range(CONCURRENCY)))
+        for task in midway_task:
+            await task
     totals["uncached_tokens"] = totals["prompt_tokens"] - totals["cached_tokens"]
     totals["cached_share"] = round(totals["cached_tokens"] / max(1, totals["prompt_tokens"]), 4)
     return totals
@@ -255,15 +381,75 @@ def reset_caches(workers: list[str]) -> None:
         ).read()
 
 
+async def clear_while_serving(workers: list[str], cleared: list[float]) -> None:
+    """Each engine's prefix cache reset while the agents keep sending. vLLM refuses while a
+    request holds blocks (`success: false`), so each is asked again until it is idle for a
+    moment; `cleared` gets the time of each reset."""
+    async with httpx.AsyncClient(timeout=30) as client:
+        for url in workers:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                answer = await client.post(f"{url}/reset_prefix_cache")
+                if answer.json().get("success"):
+                    cleared.append(time.monotonic())
+                    break
+                await asyncio.sleep(0.02)
+            else:
+                raise RuntimeError(f"{url}: the prefix cache could not be reset while serving")
+
+
+def prediction_error(logs: list[Path]) -> dict[str, Any]:
+    """sum |expected - reported cached tokens| / sum prompt tokens over the requests of
+    these request logs that have both (issue 24's prediction error)."""
+    error = prompt = counted = 0
+    for log in logs:
+        if not log.exists():
+            continue
+        for line in log.read_text().splitlines():
+            entry = json.loads(line)
+            expected, reported = entry.get("expected_cached_tokens"), entry.get("cached_tokens")
+            if expected is None or reported is None or not entry.get("prompt_tokens"):
+                continue
+            error += abs(expected - reported)
+            prompt += entry["prompt_tokens"]
+            counted += 1
+    return {
+        "prediction_error": round(error / prompt, 4) if prompt else None,
+        "prediction_abs_error_tokens": error,
+        "prediction_requests": counted,
+    }
+
+
+def kv_event_counts(base: str) -> dict[str, dict[str, float]]:
+    """From a gateway's /metrics: KV events received per type and caches forgotten per
+    reason, summed over replicas (the gateway follows every replica's events)."""
+    with urllib.request.urlopen(f"{base.removesuffix('/v1')}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    counts: dict[str, dict[str, float]] = {"events": {}, "forgotten": {}}
+    for line in text.splitlines():
+        for metric, kind, label in (
+            ("gateway_engine_kv_events_total{", "events", "type"),
+            ("gateway_engine_kv_forgotten_total{", "forgotten", "reason"),
+        ):
+            if line.startswith(metric):
+                labels, value = line.rsplit(" ", 1)
+                name = labels.split(f'{label}="', 1)[1].split('"', 1)[0]
+                counts[kind][name] = counts[kind].get(name, 0) + float(value)
+    return counts
+
+
 @dataclass
 class Engines:
     paths: Paths
     urls: list[str]
 
 
-def start_engines(work: Path) -> Iterator[Engines]:
+def start_engines(work: Path, small_cache: bool = False) -> Iterator[Engines]:
     paths = Paths.under(work / "engines")
     profile = load_profile("cpu-tiny")
+    if small_cache:
+        override = ("--num-gpu-blocks-override", str(SMALL_CACHE_BLOCKS))
+        profile = profile.model_copy(update={"extra_args": (*profile.extra_args, *override)})
     os.environ["VLLM_SERVER_DEV_MODE"] = "1"  # enables POST /reset_prefix_cache
     records = up(
         [Launch(profile, 2, resolve_model(profile, None, paths))], paths=paths, timeout_s=900
@@ -297,6 +483,21 @@ def summarise(results: dict[str, Any]) -> dict[str, float]:
         )
         drop = shared["cached_share"] - isolated["cached_share"]
         summary["isolation_cached_share_drop_points"] = round(100 * drop, 2)
+    for key, other in (
+        ("two_gateways_shared_over_one", "2 gateways, shared state"),
+        ("two_gateways_no_sharing_over_one", "2 gateways, no sharing"),
+    ):
+        theirs = uncached(other)
+        if ours and theirs is not None:
+            summary[key] = round(theirs / ours, 3)
+    shared_state, router = uncached("2 gateways, shared state"), uncached("vllm-router cache_aware")
+    if shared_state is not None and router:
+        summary["two_gateways_shared_over_vllm_router"] = round(shared_state / router, 3)
+    followed, ignored = (results.get(t.name) for t in SCALE_OUT[2:])
+    if followed and ignored and ignored.get("prediction_error"):
+        summary["prediction_error_with_events_over_without"] = round(
+            followed["prediction_error"] / ignored["prediction_error"], 3
+        )
     shuffled = results.get("gateway, tools shuffled")
     if ours is not None and shuffled:
         drop = results["gateway cache-aware"]["cached_share"] - shuffled["cached_share"]
@@ -323,10 +524,22 @@ def main() -> int:
         default=[],
         help="a target's name to run, repeatable (default: all; names may hold commas)",
     )
+    parser.add_argument(
+        "--with-scale-out",
+        action="store_true",
+        help="also 2 gateways sharing routing state or not, and KV events followed or not",
+    )
+    parser.add_argument(
+        "--small-cache",
+        action="store_true",
+        help=f"engines of {SMALL_CACHE_BLOCKS} KV blocks, so that they evict during the run",
+    )
     args = parser.parse_args()
     targets = [*TARGETS, UNCANONICALISED] if args.with_uncanonicalized else TARGETS
     if args.with_tenants:
         targets = [*targets, *TENANTS]
+    if args.with_scale_out:
+        targets = [*targets, *SCALE_OUT]
     if args.only:
         unknown = set(args.only) - {t.name for t in targets}
         if unknown:
@@ -340,31 +553,48 @@ def main() -> int:
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="agw-bench-") as tmp:
         work = Path(tmp)
-        for engines in start_engines(work):
+        for engines in start_engines(work, args.small_cache):
             for target in targets:
                 reset_caches(engines.urls)
                 before = served(engines.urls)
-                proc, base = start_target(target, engines.urls[: target.replicas], work)
+                workers = engines.urls[: target.replicas]
+                procs, bases = start_target(target, workers, work, args.small_cache)
+                cleared: list[float] = []
                 try:
                     began = time.monotonic()
                     keys = TENANT_KEYS if target.tenants else ()
-                    figures = asyncio.run(run_workload(base, convs, target.shuffle_tools, keys))
+                    midway = (
+                        functools.partial(clear_while_serving, workers, cleared)
+                        if target.clear_midway
+                        else None
+                    )
+                    figures = asyncio.run(
+                        run_workload(bases, convs, target.shuffle_tools, keys, midway)
+                    )
                     figures["seconds"] = round(time.monotonic() - began, 1)
+                    if cleared:
+                        figures["caches_cleared_at_s"] = [round(t - began, 1) for t in cleared]
+                    if target.kv_events:
+                        figures["kv_events"] = kv_event_counts(bases[0])
                 finally:
-                    proc.terminate()
-                    proc.wait(timeout=30)
+                    stop_all(procs)
+                if target.kind == "gateway":
+                    figures.update(prediction_error(request_logs(target)))
                 per_replica = [a - b for a, b in zip(served(engines.urls), before, strict=True)]
                 figures["requests_per_replica"] = per_replica
                 figures["busiest_replica_share"] = round(
                     max(per_replica) / max(1, sum(per_replica)), 3
                 )
                 results[target.name] = figures
+                error = figures.get("prediction_error")
                 print(f"bench: {target.name:<46} uncached {figures['uncached_tokens']:>9,}  "
                       f"cached share {figures['cached_share']:.3f}  per replica {per_replica}  "
+                      f"prediction error {'-' if error is None else f'{error:.4f}'}  "
                       f"({figures['seconds']}s)", flush=True)  # fmt: skip
     summary = summarise(results)
     report = {"conversations": len(convs), "turns": sum(map(len, convs)), "concurrency": CONCURRENCY,
-              "replicas": 2, "profile": "cpu-tiny", "targets": results, "summary": summary}  # fmt: skip
+              "replicas": 2, "profile": "cpu-tiny", "targets": results, "summary": summary,
+              "engine_kv_blocks": SMALL_CACHE_BLOCKS if args.small_cache else None}  # fmt: skip
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")

@@ -23,7 +23,12 @@ ENGINE = "http://127.0.0.1:8001"
 
 @pytest.mark.parametrize(
     "target",
-    [*tau_routing.TARGETS, tau_routing.UNCANONICALISED, *tau_routing.TENANTS],
+    [
+        *tau_routing.TARGETS,
+        tau_routing.UNCANONICALISED,
+        *tau_routing.TENANTS,
+        *tau_routing.SCALE_OUT,
+    ],
     ids=lambda t: t.name,
 )
 def test_tau_routing_policies_load(target: tau_routing.Target, tmp_path: Path) -> None:

@@ -59,7 +59,7 @@ class SGLangStyleRouter:
     def cached_share(self, replicas: Sequence[Replica], request: RouteRequest) -> float:
         return best_cached_share(self._index, replicas, request)
 
-    def forget(self, replica_id: str) -> None:
+    def forget(self, replica_id: str, keep_since: float | None = None) -> None:
         self._index.forget(replica_id)
         self._held.pop(replica_id, None)
 

@@ -20,6 +20,7 @@ COLOURS = {
     "direct": "#9e9e9e",
     "passthrough": "#6baed6",
     "gateway": "#e6550d",
+    "gateway-2w": "#fdae6b",  # --workers 2
     "litellm": "#756bb1",
     "vllm-router": "#31a354",
     "portkey": "#c2185b",

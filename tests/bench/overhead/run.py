@@ -1,6 +1,7 @@
 """Benchmark: what each gateway adds to a request, side by side, against one mock engine.
 
     .venv/bin/python -m tests.bench.overhead.run [--quick] [--rounds R] [--requests N]
+        [--targets T,...] [--workers 1,2] [--workloads W,...] [--leak-requests 0]
     (make bench: builds the peers' environments first, then about 17 minutes;
      --quick: 1 round of 200 requests a run, about 3 minutes)
 
@@ -9,6 +10,7 @@ its own process), then stopped:
   direct        the mock itself: the floor every overhead is measured from
   passthrough   a bare aiohttp reverse proxy (`passthrough`): the practical floor for Python
   gateway       this repository's gateway with its defaults (see `targets.gateway_policy`)
+  gateway-Nw    the same, `gateway serve --workers N` (one per N>1 in `--workers 1,2`)
   litellm       the LiteLLM proxy (.venv-litellm), its own logging off (`targets.LITELLM_ENV`)
   vllm-router   vllm-router (.venv-vllm-router), cache_aware
   portkey       Portkey's gateway under node (.node-portkey), headless
@@ -64,6 +66,8 @@ from tests.bench.overhead.targets import (
     Mock,
     Running,
     TargetUnavailable,
+    gateway_target,
+    gateway_workers,
     running,
     start_mock,
 )
@@ -88,7 +92,7 @@ WORKLOADS = (
     Workload("tau_whole_20ms", "tau", False, (32,), 20),
     Workload("tau_stream_20ms", "tau", True, (32,), 20),
 )
-SLOW_TARGETS = ("direct", "passthrough", "gateway", "litellm")
+SLOW_TARGETS = ("direct", "passthrough", "litellm")  # and every gateway target
 SERVICE_TIMES = (0.0, 20.0)
 LEAK_SAMPLES = 10
 
@@ -159,8 +163,11 @@ def measure_round(
     shift = (round_ - 1) % len(names)
     for name in names[shift:] + names[:shift]:
         for service_ms in SERVICE_TIMES:
-            workloads = [w for w in WORKLOADS if w.service_ms == service_ms]
-            if service_ms and name not in SLOW_TARGETS:
+            workloads = [w for w in args.workloads if w.service_ms == service_ms]
+            if not workloads:
+                continue
+            slow = name in SLOW_TARGETS or gateway_workers(name) is not None
+            if service_ms and not slow:
                 continue
             try:
                 with running(name, mocks[service_ms], work, sink, args.redis_url) as target:
@@ -326,6 +333,19 @@ def ratios(results: dict[str, Any]) -> dict[str, float | None]:
             out[f"gateway_over_{key}_rps_c32{suffix}"] = ratio(
                 gw_rps, get(peer, workload, "32", "rps")
             )
+        # `--workers`: N workers against one, and against the floor and the peers.
+        for name in results:
+            workers = gateway_workers(name)
+            if workers is None or workers == 1:
+                continue
+            rps = get(name, workload, "32", "rps")
+            key = name.replace("-", "_")
+            out[f"{key}_over_gateway_rps_c32{suffix}"] = ratio(rps, gw_rps)
+            for peer in ("passthrough", "vllm-router"):
+                if peer in results:
+                    peer_key = peer.replace("-", "_")
+                    peer_rps = get(peer, workload, "32", "rps")
+                    out[f"{key}_over_{peer_key}_rps_c32{suffix}"] = ratio(rps, peer_rps)
     return out
 
 
@@ -381,7 +401,7 @@ def print_table(report: dict[str, Any]) -> None:
     print("-" * len(header))
     for workload in WORKLOADS:
         for c in workload.concurrencies:
-            for target in ALL_TARGETS:
+            for target in report["targets"]:
                 entry = results.get(target, {}).get(workload.name, {}).get(str(c))
                 if not entry:
                     continue
@@ -432,15 +452,35 @@ def main() -> None:
         default=",".join(ALL_TARGETS),
         help="comma-separated subset (direct is always run)",
     )
+    parser.add_argument(
+        "--workers",
+        default="1",
+        help="comma-separated `gateway serve --workers` counts, each its own target "
+        "(e.g. 1,2: gateway and gateway-2w)",
+    )
+    parser.add_argument(
+        "--workloads",
+        default=",".join(w.name for w in WORKLOADS),
+        help="comma-separated subset of the workloads",
+    )
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
     parser.add_argument("--out", default=str(ROOT / "tests/bench/results/overhead.json"))
     args = parser.parse_args()
     args.rounds = args.rounds or (1 if args.quick else 3)
     args.requests = args.requests or (200 if args.quick else 600)
-    args.leak_requests = args.leak_requests or (10_000 if args.quick else 100_000)
+    if args.leak_requests is None:  # 0: no leak check
+        args.leak_requests = 10_000 if args.quick else 100_000
     args.warmup = 50 if args.quick else 100
     chosen = [t.strip() for t in args.targets.split(",") if t.strip()]
-    args.targets = [t for t in ALL_TARGETS if t in chosen or t == "direct"]
+    gateways = [gateway_target(int(n)) for n in args.workers.split(",") if n.strip()]
+    args.targets = []
+    for t in ALL_TARGETS:
+        if t == "gateway" and "gateway" in chosen:
+            args.targets += gateways
+        elif t in chosen or t == "direct":
+            args.targets.append(t)
+    workloads = {w.strip() for w in args.workloads.split(",")}
+    args.workloads = [w for w in WORKLOADS if w.name in workloads]
 
     progress = Progress()
     work = Path(tempfile.mkdtemp(prefix="overhead-bench-"))
@@ -458,7 +498,7 @@ def main() -> None:
             stack.callback(mocks[service_ms].process.stop)
         for round_ in range(1, args.rounds + 1):
             measure_round(round_, args, mocks, bodies, work, sink, raw, peak_rss, missing, progress)
-        if "gateway" in args.targets and "gateway" not in missing:
+        if args.leak_requests and "gateway" in args.targets and "gateway" not in missing:
             leak = leak_check(args, mocks[0.0], bodies["tau"], work, sink, progress)
     (work / "raw.json").write_text(json.dumps(raw))  # every run, for a second look
     results = summarise(raw)
@@ -468,6 +508,7 @@ def main() -> None:
         "machine": machine(),
         "note": "load generator, mock engine and target share the machine's cores",
         "rounds": args.rounds,
+        "targets": args.targets,
         "requests_per_run": args.requests,
         "unit": "ms unless named otherwise; client-side; medians over rounds",
         "peer_versions": peer_versions(),

@@ -37,6 +37,20 @@ OUR_PYTHON = {"PYTHONPATH": str(ROOT)}  # for this repository's modules; never f
 ALL_TARGETS = ("direct", "passthrough", "gateway", "litellm", "vllm-router", "portkey")
 
 
+def gateway_target(workers: int) -> str:
+    """The target name of the gateway run as `gateway serve --workers N`."""
+    return "gateway" if workers == 1 else f"gateway-{workers}w"
+
+
+def gateway_workers(name: str) -> int | None:
+    """`gateway` -> 1, `gateway-2w` -> 2; None for any other target."""
+    if name == "gateway":
+        return 1
+    if name.startswith("gateway-") and name.endswith("w") and name[8:-1].isdigit():
+        return int(name[8:-1])
+    return None
+
+
 class TargetUnavailable(RuntimeError):
     """A target that is not installed or did not start; the message says why."""
 
@@ -148,6 +162,17 @@ def spawn(
         time.sleep(0.1)
 
 
+def wait_for_workers(process: Process, workers: int, timeout_s: float = 90.0) -> None:
+    """/readyz answers once one worker serves; the others listen only once started
+    (gateway/edge/workers.py), so a run timed before would measure fewer workers."""
+    deadline = time.monotonic() + timeout_s
+    while process.log.read_text(errors="replace").count("Application startup complete") < workers:
+        if process.proc.poll() is not None or time.monotonic() > deadline:
+            process.stop()
+            raise TargetUnavailable(f"{process.name}: not every worker started ({process.log})")
+        time.sleep(0.1)
+
+
 @dataclass
 class Mock:
     """A mock engine (`mock_upstream`) with a fixed service time."""
@@ -222,12 +247,14 @@ def running(name: str, mock: Mock, work: Path, sink: str, redis_url: str) -> Ite
         command = [sys.executable, "-m", "tests.bench.overhead.passthrough", "--port", str(port),
                    "--upstream", mock.url]  # fmt: skip
         process = spawn(name, command, log, f"{base}/health", env=OUR_PYTHON)
-    elif name == "gateway":
+    elif (workers := gateway_workers(name)) is not None:
         policy = work / f"{tag}-policy.yaml"
         policy.write_text(gateway_policy(mock.url, sink, redis_url))
         command = [sys.executable, "-m", "gateway", "serve", "--policy", str(policy),
-                   "--port", str(port)]  # fmt: skip
+                   "--port", str(port), "--workers", str(workers)]  # fmt: skip
         process = spawn(name, command, log, f"{base}/readyz", env=OUR_PYTHON, cwd=ROOT)
+        if workers > 1:
+            wait_for_workers(process, workers)
         model = ALIAS
     elif name == "litellm":
         config = work / f"{tag}-config.yaml"

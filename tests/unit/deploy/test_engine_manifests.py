@@ -157,7 +157,12 @@ def test_headless_service_addresses_each_pod_of_the_stateful_set(pool: str) -> N
     assert spec["selector"]["matchLabels"].items() <= pod_labels.items()
     assert docs["PodDisruptionBudget"]["spec"]["selector"] == spec["selector"]
     container_ports = engine_container(pool)["ports"]
-    assert container_ports == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
+    assert container_ports[0] == {"name": "http", "containerPort": 8000, "protocol": "TCP"}
+    # The KV-cache events and their replay socket, dialled by every gateway.
+    assert {p["name"]: p["containerPort"] for p in container_ports[1:]} == {
+        "kv-events": 7000,
+        "kv-replay": 6000,
+    }
 
 
 @pytest.mark.parametrize("pool", sorted(EXPECTED_POOLS))

@@ -503,7 +503,7 @@ def test_network_policies_select_real_pods_and_ports(rendered: list[Doc]) -> Non
 
 def test_the_network_map(rendered: list[Doc]) -> None:
     assert ingress_sources(rendered, "gateway") == (set(), {8080}, True)
-    assert ingress_sources(rendered, "engine") == ({"gateway"}, {8000}, False)
+    assert ingress_sources(rendered, "engine") == ({"gateway"}, {8000, 7000, 6000}, False)
     assert ingress_sources(rendered, "redis") == ({"gateway"}, {6379}, False)
     assert ingress_sources(rendered, "otel-collector") == (
         {"gateway", "engine"},

@@ -234,3 +234,20 @@ def test_the_shared_opening_rule_can_be_turned_off() -> None:
     decision = r.choose(pool, RouteRequest((*opening, 200), _session_homed_on(pool, b, taken)))
     assert decision is not None
     assert decision.replica is a  # 30 blocks of cache outbid the session's home
+
+
+def test_a_lost_cache_keeps_what_was_sent_after_the_engine_lost_it() -> None:
+    """An engine publishes a clear after its next step, which ran the requests sent since
+    its previous message: `forget(keep_since=...)` drops everything else."""
+    now = [0.0]
+    index = PrefixIndex(100)
+    router = CacheAwareRouter(
+        CacheAwareSettings(weights={"prefix": 1.0}), index, LoadTracker(15.0, lambda: now[0])
+    )
+    router.learn("a", [1, 2], 1.0)
+    now[0] = 5.0
+    router.learn("a", [7, 8], 1.0)
+    router.forget("a", keep_since=3.0)
+    assert (index.match("a", [1, 2]), index.match("a", [7, 8])) == (0, 2)
+    router.forget("a")
+    assert index.match("a", [7, 8]) == 0

@@ -203,6 +203,22 @@ def test_metrics_parse_and_count_requests_tokens_latency_and_replicas(traced: Op
     assert any(k[0] == "gateway_replica_inflight" for k in samples)
 
 
+def test_the_cache_prediction_error_is_counted_against_what_the_engine_reported(
+    traced: OpenTraced,
+) -> None:
+    """Routing expected 0 cached tokens of the first request and all 100 of the second
+    (the same prompt, the same session, the same replica); the engine said 60 both times:
+    |0 - 60| + |100 - 60| over 200 prompt tokens."""
+    gw = traced()
+    chat = {"model": gw.alias, "messages": [{"role": "user", "content": "rules " * 200}]}
+    for _ in range(2):
+        gw.client.post("/v1/chat/completions", json=chat, headers={"X-Session-Id": f"p-{gw.alias}"})
+    samples = _samples(gw.client.get("/metrics").text)
+    errors = {k: v for k, v in samples.items() if k[0].startswith("gateway_cache_prediction_")}
+    assert sum(v for k, v in errors.items() if "abs_error" in k[0] and "total" in k[0]) == 100
+    assert sum(v for k, v in errors.items() if "prompt_tokens_total" in k[0]) == 200
+
+
 def test_the_request_log_has_one_line_per_request_that_replay_reads(traced: OpenTraced) -> None:
     gw = traced()
     chat = {
@@ -228,6 +244,7 @@ def test_the_request_log_has_one_line_per_request_that_replay_reads(traced: Open
     assert (first["prompt_tokens"], first["cached_tokens"], first["output_tokens"]) == (100, 60, 20)
     assert first["duration_ms"] >= first["overhead_ms"] >= 0
     assert first["reason"] and first["blocks"]
+    assert first["expected_cached_tokens"] == 0  # nothing was held anywhere yet
     assert lines[1]["status"] == 400 and lines[1]["error"]
     trace = list(read_trace(Path(gw.log), block_tokens=128))
     assert len(trace) == 1 and trace[0].session == f"log-{gw.alias}"

@@ -1,0 +1,247 @@
+"""Two gateways' routers in one process, sharing through the real Redis: what one
+dispatches, the other learns after a flush; a gateway ignores its own entries; in-flight
+counts cross over; with Redis gone nothing raises, the metric says 0, and sharing resumes
+when Redis is back."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from engine.supervisor import free_port
+from gateway.fleet.replicas import Fleet, Replica
+from gateway.policy import Policy, parse_policy
+from gateway.routing.build import build_router
+from gateway.routing.costs import RouteRequest
+from gateway.routing.router import CacheAwareRouter
+from gateway.sharing.publishing import PublishingRouter
+from gateway.sharing.service import RoutingShare
+from gateway.state.keys import routing_key
+from gateway.state.store import redis_server_binary
+from gateway.telemetry.metrics import GatewayMetrics
+
+PREFIX = tuple(range(1000, 1040))  # 40 blocks
+
+
+def policy_of(pool: str, inflight_ttl_s: float = 2.0) -> Policy:
+    return parse_policy(f"""\
+version: 1
+pools:
+  {pool}:
+    served_model: m
+    replicas: [{{url: "http://10.0.0.1:8000"}}, {{url: "http://10.0.0.2:8000"}}]
+models:
+  m: {{pool: {pool}}}
+routing:
+  implicit_sessions: false
+  shared_opening_conversations: 0
+  sharing: {{flush_ms: 5, inflight_ttl_s: {inflight_ttl_s}}}
+""")  # fmt: skip
+
+
+@dataclass
+class Gateway:
+    fleet: Fleet
+    router: CacheAwareRouter
+    share: RoutingShare
+    publishing: PublishingRouter
+    metrics: GatewayMetrics
+
+    @property
+    def replicas(self) -> list[Replica]:
+        return next(iter(self.fleet.pools.values())).replicas
+
+    def route(self, blocks: tuple[int, ...], avoid: Replica | None = None) -> Replica:
+        request = RouteRequest(blocks)
+        exclude = frozenset({avoid}) if avoid is not None else frozenset()
+        choice = self.publishing.choose(self.replicas, request, exclude)
+        assert choice is not None
+        self.publishing.dispatched(choice, request)
+        return choice.replica
+
+    def counted(self, outcome: str) -> float:
+        value = self.metrics.registry.get_sample_value(
+            "gateway_routing_placements_total", {"outcome": outcome}
+        )
+        return value or 0.0
+
+    def up(self) -> float | None:
+        return self.metrics.registry.get_sample_value("gateway_routing_sharing_up")
+
+
+def gateway(redis: aioredis.Redis, policy: Policy, name: str) -> Gateway:
+    fleet = Fleet(policy)
+    router = build_router(policy.routing, time.monotonic)
+    assert isinstance(router, CacheAwareRouter)
+    metrics = GatewayMetrics()
+    share = RoutingShare(redis, policy.routing.sharing, fleet, router, metrics, instance=name)
+    return Gateway(fleet, router, share, PublishingRouter(router, share), metrics)
+
+
+@asynccontextmanager
+async def started(*gateways: Gateway) -> AsyncIterator[None]:
+    for each in gateways:
+        await each.share.start()
+    try:
+        yield
+    finally:
+        for each in gateways:
+            await each.share.stop()
+
+
+async def until(check: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "not within the time allowed"
+        await asyncio.sleep(0.005)
+
+
+@pytest.fixture
+def pool() -> str:
+    return f"p{uuid.uuid4().hex[:10]}"
+
+
+def run(test: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    asyncio.run(test())
+
+
+def test_a_placement_made_by_one_gateway_steers_the_other(redis_url: str, pool: str) -> None:
+    async def scenario() -> None:
+        redis = aioredis.Redis.from_url(redis_url)
+        policy = policy_of(pool)
+        a, b = gateway(redis, policy, "gw-a"), gateway(redis, policy, "gw-b")
+        try:
+            async with started(a, b):
+                await asyncio.sleep(0.05)  # both followers stand at the stream's end
+                first, second = a.replicas
+                assert a.route(PREFIX, avoid=first) is second
+                await until(lambda: b.counted("applied") == 1)
+                request = RouteRequest((*PREFIX, 7))
+                choice = b.publishing.choose(b.replicas, request)
+                assert choice is not None
+                assert (choice.replica.id, choice.reason) == (second.id, "prefix")
+                assert choice.cached_blocks == len(PREFIX)
+                # its own entry, read back from the stream, is not applied twice (the
+                # round that wrote it may end after the other gateway has read it)
+                await until(lambda: a.counted("published") == 1)
+                await asyncio.sleep(0.05)
+                assert a.counted("applied") == 0
+                assert a.up() == 1.0
+        finally:
+            await redis.delete(routing_key(pool, "placements"), routing_key(pool, "inflight"))
+            await redis.aclose()
+
+    run(scenario)
+
+
+def test_without_sharing_the_other_gateway_knows_nothing(redis_url: str, pool: str) -> None:
+    """The contrast: the same placement, not flushed, leaves the other gateway guessing."""
+
+    async def scenario() -> None:
+        redis = aioredis.Redis.from_url(redis_url)
+        policy = policy_of(pool)
+        a, b = gateway(redis, policy, "gw-a"), gateway(redis, policy, "gw-b")
+        try:
+            first, second = a.replicas
+            assert a.route(PREFIX, avoid=first) is second
+            assert b.router.cached_share(b.replicas, RouteRequest(PREFIX)) == 0.0
+        finally:
+            await redis.aclose()
+
+    run(scenario)
+
+
+def test_in_flight_counts_cross_over_and_expire(redis_url: str, pool: str) -> None:
+    async def scenario() -> None:
+        redis = aioredis.Redis.from_url(redis_url)
+        policy = policy_of(pool, inflight_ttl_s=0.3)
+        a, b = gateway(redis, policy, "gw-a"), gateway(redis, policy, "gw-b")
+        try:
+            target = a.replicas[1]
+            target.inflight = 3
+            await a.share.flush()
+            await b.share.flush()
+            assert b.share.peer_inflight(target.id) == 3
+            assert a.share.peer_inflight(target.id) == 0  # its own are not peers'
+            target.inflight = 1
+            await a.share.flush()
+            await b.share.flush()
+            assert b.share.peer_inflight(target.id) == 1
+            # a stops renewing (as if it died): after the TTL its count no longer holds
+            await asyncio.sleep(0.35)
+            await b.share.flush()
+            assert b.share.peer_inflight(target.id) == 0
+            await b.share.flush()  # and its field was deleted for everyone
+            assert b"gw-a" not in await redis.hkeys(routing_key(pool, "inflight"))
+        finally:
+            await redis.delete(routing_key(pool, "placements"), routing_key(pool, "inflight"))
+            await redis.aclose()
+
+    run(scenario)
+
+
+@contextmanager
+def private_redis(port: int, directory: Path) -> Iterator[subprocess.Popen[bytes]]:
+    binary = redis_server_binary() or shutil.which("redis-server")
+    assert binary is not None, "no redis-server to start"
+    proc = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", str(directory)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "redis-server did not start"
+                time.sleep(0.02)
+        yield proc
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_redis_down_routes_on_the_local_view_and_sharing_resumes(tmp_path: Path, pool: str) -> None:
+    port = free_port()
+
+    async def scenario() -> None:
+        redis = aioredis.Redis.from_url(f"redis://127.0.0.1:{port}/0", socket_timeout=2)
+        policy = policy_of(pool)
+        a, b = gateway(redis, policy, "gw-a"), gateway(redis, policy, "gw-b")
+        first, second = a.replicas
+        async with started(a, b):
+            with private_redis(port, tmp_path):
+                await until(lambda: a.up() == 1.0 and b.up() == 1.0)
+                b.replicas[0].inflight = 2
+                await until(lambda: a.share.peer_inflight(first.id) == 2)
+            # Redis is gone under both gateways: they say so, and route on their own view
+            await until(lambda: a.up() == 0.0 and b.up() == 0.0)
+            assert a.share.peer_inflight(first.id) == 0
+            assert a.route(PREFIX, avoid=first) is second  # nothing raises
+            await asyncio.sleep(0.1)  # flush rounds come and fail meanwhile
+            assert a.counted("published") == 0
+            with private_redis(port, tmp_path):
+                await until(lambda: a.up() == 1.0 and b.up() == 1.0, timeout_s=10)
+                # what was queued during the outage is published, and the other learns it
+                await until(lambda: b.counted("applied") == 1, timeout_s=10)
+                choice = b.publishing.choose(b.replicas, RouteRequest(PREFIX))
+                assert choice is not None and choice.replica.id == second.id
+                await until(lambda: a.counted("published") == 1)  # its round may end later
+        await redis.aclose()
+
+    run(scenario)
