@@ -207,10 +207,13 @@ class PolicyReloader:
             len(policy.models),
             len(policy.pools),
         )
+        # Counted as it starts serving: stopping the old runtime below can take a while
+        # (its sharing writes what it queued), and the count must not lag what is served.
+        outcome = self._count("applied")
         await running.stop()
         self._settle_gc_after(running.policy.timeouts.total_s)
         self._watch_if_enabled()  # the interval may have changed, or polling been turned on
-        return self._count("applied")
+        return outcome
 
     def _rejected_unreadable(self, exc: PolicyError, *, force: bool) -> ReloadOutcome | None:
         marker = f"unreadable: {exc}"

@@ -207,6 +207,8 @@ def build_runtime(policy: Policy, services: Services, previous: Runtime | None =
         services.telemetry.live.replica_requests,
     )
     sharing = _routing_share(policy, services, fleet, router, previous)
+    if isinstance(router, CacheAwareRouter):  # the queue it prices counts every gateway's
+        router.peer_inflight = sharing.peer_inflight if sharing is not None else _none
     checkpoints = RedisCheckpoints(redis, ttl_s=policy.sessions.ttl_s)
     tenants = TenantPolicies(policy)  # each tenant's settings, merged once
     trimmer, tenant_trimmers = policy_trimmers(policy.trimming, tenants)
@@ -281,6 +283,10 @@ def _routing_share(
     return RoutingShare(
         redis, spec, fleet, router, services.metrics, instance=kept or new_instance_id()
     )
+
+
+def _none(replica_id: str) -> int:
+    return 0
 
 
 def _no_stats(url: str) -> EngineStats | None:

@@ -148,7 +148,12 @@ class RoutingWeights(Strict):
 
     prefix: float = Field(1.0, ge=0, description="Per block the replica would have to prefill.")
     load: float = Field(1.0, ge=0, description="Per block of recent work above the tolerated mean.")
-    queue: float = Field(0.25, ge=0, description="Per request in flight or waiting at the replica.")
+    queue: float = Field(
+        0.25,
+        ge=0,
+        description="Per request in flight (from every gateway process, as last shared) "
+        "or waiting at the replica.",
+    )
     session: float = Field(8.0, ge=0, description="For leaving the replica the session uses.")
 
 

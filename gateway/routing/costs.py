@@ -33,7 +33,7 @@ class Candidate(NamedTuple):
     cached_blocks: int  # leading blocks of this request the replica is believed to hold
     recent_work: float  # decayed prefill work recently sent to it (routing/load.py)
     excess_work: float  # how far recent_work is above the candidates' tolerated mean
-    queued: int  # requests in flight at the gateway plus waiting in the engine
+    queued: int  # in flight from every gateway (as last shared) plus waiting in the engine
     kv_usage: float  # engine's KV cache usage, 0..1 (scraped /metrics)
     session_home: bool  # the replica this request's session belongs to
     # For a conversation's first request: its leading blocks that many conversations

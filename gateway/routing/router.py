@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 from collections import OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -43,6 +43,10 @@ from gateway.routing.openings import ConversationOpenings
 _RECENT_PLACEMENTS = 256
 
 _IDLE = EngineLoad()  # a replica not scraped (yet) counts as idle
+
+
+def _none_elsewhere(replica_id: str) -> int:
+    return 0
 
 
 def _no_engine_load(url: str) -> EngineLoad | None:
@@ -142,6 +146,10 @@ class CacheAwareRouter:
         self._index = index
         self._load = load
         self._engine_loads = engine_loads
+        # Requests the other gateway processes have in flight at a replica, as they last
+        # said (gateway/sharing/); set by whoever shares them. Without it a gateway among
+        # K sees a K-th of each replica's queue, and K gateways pile onto one replica.
+        self.peer_inflight: Callable[[str], int] = _none_elsewhere
         self._sessions: OrderedDict[str, str] = OrderedDict()  # session -> replica id
         # The last placements per replica, for what a cache loss must not erase (`forget`).
         self._recent: dict[str, deque[tuple[float, tuple[int, ...]]]] = {}
@@ -229,6 +237,7 @@ class CacheAwareRouter:
         tolerated = (1.0 + self._settings.load_tolerance) * sum(recent) / len(recent)
         match, blocks = self._index.match, request.blocks
         engine_load = self._engine_loads.get if self._engine_loads else _no_engine_load
+        elsewhere = self.peer_inflight
         out = []
         for replica, rid, work in zip(replicas, ids, recent, strict=True):
             engine = engine_load(replica.url) or _IDLE
@@ -238,7 +247,7 @@ class CacheAwareRouter:
                     match(rid, blocks),
                     work,
                     work - tolerated if work > tolerated else 0.0,
-                    replica.inflight + engine.waiting,
+                    replica.inflight + elsewhere(rid) + engine.waiting,
                     engine.kv_usage,
                     rid == home,
                     shared_opening,

@@ -288,8 +288,10 @@ def test_requests_in_flight_during_a_reload_complete(
         if not call.url.startswith("http://a"):
             return Scripted(body=COMPLETION)
         if stream:
-            return Scripted(chunks=events, chunk_delay_s=0.1, content_type="text/event-stream")
-        return Scripted(body=COMPLETION, post_delay_s=0.5)
+            return Scripted(chunks=events, chunk_delay_s=0.4, content_type="text/event-stream")
+        # Longer than a reload takes: it stops the old runtime, whose sharing follower
+        # notices a stop within its 500 ms XREAD block (gateway/sharing/service.py).
+        return Scripted(body=COMPLETION, post_delay_s=2.0)
 
     policy_path.write_text(policy_text(redis_url))
     with Gateway(policy_path, slow) as gateway, ThreadPoolExecutor(1) as pool:

@@ -13,8 +13,10 @@ Sharing, as issue 24 designs it:
   trace time (at multiples of `batch_s`), and `lag_s` later (the Redis XADD -> XREAD
   round trip, measured by stream_lag.py) every other gateway applies it to its own index
   and load tracker, as gateway/sharing/ does. Session homes are not shared: they agree
-  through rendezvous hashing. The in-flight counts gateway/sharing/ also shares feed only
-  admission, which the replay does not model, so each gateway's queue cost reads its own.
+  through rendezvous hashing. The in-flight counts gateway/sharing/ also shares (each
+  gateway writes its own and reads the others' at every flush) feed each router's queue
+  cost (`CacheAwareRouter.peer_inflight`): a gateway sees the others' requests as they
+  stood at the flush before its last read, `lag_s` earlier (`InflightBoard`).
 """
 
 from __future__ import annotations
@@ -68,6 +70,37 @@ class Gateway:
         for replica, ends in zip(self.pool, self.finishes, strict=True):
             ends[:] = [t for t in ends if t > now]
             replica.inflight = len(ends)
+
+
+@dataclass
+class InflightBoard:
+    """Every gateway's requests in flight, for what the others believe of them: the
+    counts a gateway publishes at each flush, read by the others at theirs, `lag_s` on.
+    A reader at `now` sees the counts of the flush before its last read, at the latest
+    `batch_s + lag_s` old."""
+
+    config: FleetConfig
+    _sent: list[tuple[int, str, float, float]] = field(default_factory=list)
+
+    def add(self, origin: int, replica: str, start: float, end: float) -> None:
+        if self.config.sharing == "placements" and self.config.gateways > 1:
+            self._sent.append((origin, replica, start, end))
+
+    def seen_by(self, reader: int, now: float) -> Callable[[str], int]:
+        if not self._sent:
+            return _nothing
+        batch, lag = self.config.batch_s, self.config.lag_s
+        at = math.floor((now - lag - batch) / batch) * batch if batch else now - lag
+        self._sent = [entry for entry in self._sent if entry[3] > at]  # ended: gone for all
+        counts: dict[str, int] = {}
+        for origin, replica, start, end in self._sent:
+            if origin != reader and start <= at < end:
+                counts[replica] = counts.get(replica, 0) + 1
+        return lambda replica: counts.get(replica, 0)
+
+
+def _nothing(replica: str) -> int:
+    return 0
 
 
 def balancer(config: FleetConfig) -> Callable[[], int]:

@@ -11,6 +11,7 @@ from gateway.offline.replay.baselines import SGLangStyleRouter
 from gateway.offline.replay.fleet import (
     FleetConfig,
     Gateway,
+    InflightBoard,
     PlacementBus,
     Sharing,
     balancer,
@@ -22,7 +23,7 @@ from gateway.offline.replay.traces import TraceRequest
 from gateway.policy.schema import RoutingSpec
 from gateway.routing.build import build_router
 from gateway.routing.costs import RouteRequest
-from gateway.routing.router import RoundRobinRouter, Router
+from gateway.routing.router import CacheAwareRouter, RoundRobinRouter, Router
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,7 @@ def replay_fleet(
     sims = [SimReplica(LRUCache(config.cache_blocks)) for _ in range(config.replicas)]
     pick_gateway = balancer(fleet)
     bus = PlacementBus(fleet)
+    board = InflightBoard(fleet)
     run = FleetRun(Tally(config.replicas, config.window_s))
 
     def set_clock(at: float) -> None:
@@ -119,6 +121,8 @@ def replay_fleet(
         origin = pick_gateway()
         gateway = gateways[origin]
         gateway.count_inflight(request.at_s)
+        if isinstance(gateway.router, CacheAwareRouter):
+            gateway.router.peer_inflight = board.seen_by(origin, request.at_s)
         route = RouteRequest(request.blocks, request.session)
         decision = gateway.router.choose(gateway.pool, route, frozenset())
         assert decision is not None  # simulated replicas are always healthy
@@ -127,6 +131,7 @@ def replay_fleet(
         i = position[decision.replica.id]
         hits, first_token, ends = serve(sims[i], request, config)
         gateway.finishes[i].append(ends)
+        board.add(origin, decision.replica.id, request.at_s, ends)
         run.tally.add(request.at_s, i, hits, len(request.blocks), first_token - request.at_s)
         run.belief_gap_blocks += abs(decision.cached_blocks - hits)
     run.placements_applied = bus.delivered

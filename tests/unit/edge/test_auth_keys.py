@@ -148,7 +148,13 @@ def test_a_listed_key_passes_on_every_v1_route(gateway: Gateway) -> None:
     )
     assert client.get("/v1/models", headers=bearer(KEY)).status_code == 200
     assert client.get("/v1/usage", headers=bearer(KEY)).status_code == 200
-    assert client.get("/v1/sessions/s1/checkpoints", headers=bearer(KEY)).status_code == 200
+    # Past the key check either way: the session exists only if another test left it in
+    # the shared Redis (a clean-clone CI run saw the 404).
+    checkpoints = client.get("/v1/sessions/s1/checkpoints", headers=bearer(KEY))
+    assert checkpoints.status_code == 200 or (
+        checkpoints.status_code == 404
+        and checkpoints.json()["error"]["code"] == "session_not_found"
+    ), checkpoints.text
 
 
 def test_fastapi_routes_under_v1_are_guarded_too(gateway: Gateway) -> None:

@@ -251,3 +251,17 @@ def test_a_lost_cache_keeps_what_was_sent_after_the_engine_lost_it() -> None:
     assert (index.match("a", [1, 2]), index.match("a", [7, 8])) == (0, 2)
     router.forget("a")
     assert index.match("a", [7, 8]) == 0
+
+
+def test_requests_other_gateways_have_in_flight_count_in_the_queue_it_prices() -> None:
+    pool = replicas(2)
+    r = router()
+    request = RouteRequest((1, 2, 3))
+    pool[0].inflight = 1  # this gateway's own: replica 1 is the less busy
+    decision = r.choose(pool, request)
+    assert decision is not None and decision.replica is pool[1]
+    # The other gateways (gateway/sharing/) have four at replica 1, none at replica 0.
+    r.peer_inflight = lambda replica_id: 4 if replica_id == pool[1].id else 0
+    decision = r.choose(pool, request)
+    assert decision is not None and decision.replica is pool[0]
+    assert decision.costs["queue"] == 1.0

@@ -14,6 +14,7 @@ from gateway.fleet.replicas import Replica
 from gateway.offline.replay.fleet import (
     FleetConfig,
     Gateway,
+    InflightBoard,
     Placement,
     PlacementBus,
     apply_placement,
@@ -224,3 +225,24 @@ def test_replay_command_rejects_an_unknown_sharing(
     argv = ["replay", "--trace", str(trace_file), "--gateways", "2", "--sharing", "gossip"]
     assert gateway_main(argv) == 2
     assert "--sharing" in capsys.readouterr().err
+
+
+def test_a_gateway_sees_the_others_in_flight_as_of_the_flush_before_its_last_read() -> None:
+    board = InflightBoard(FleetConfig(3, sharing="placements", batch_s=0.01, lag_s=0.006))
+    board.add(origin=0, replica="a", start=0.101, end=0.5)
+    board.add(origin=1, replica="a", start=0.101, end=0.5)
+    board.add(origin=1, replica="b", start=0.0, end=0.15)
+    # At 0.115 the last read (0.11) saw the counts written at 0.10 (0.006 s on): none of
+    # the requests sent at 0.101 yet.
+    assert board.seen_by(2, 0.115)("a") == 0
+    assert board.seen_by(2, 0.115)("b") == 1
+    seen = board.seen_by(2, 0.13)  # written at 0.11, read at 0.12
+    assert (seen("a"), seen("b")) == (2, 1)
+    assert board.seen_by(0, 0.13)("a") == 1  # never its own
+    assert board.seen_by(2, 0.3)("b") == 0  # ended at 0.15
+
+
+def test_without_sharing_no_gateway_sees_the_others_in_flight() -> None:
+    board = InflightBoard(FleetConfig(3, sharing="none"))
+    board.add(origin=0, replica="a", start=0.0, end=1.0)
+    assert board.seen_by(1, 0.5)("a") == 0
