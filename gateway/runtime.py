@@ -53,7 +53,7 @@ from gateway.resilience.response_cache import RedisResponseCache
 from gateway.responses.records import RedisResponseRecords
 from gateway.responses.service import ResponsesService
 from gateway.routing.build import build_router
-from gateway.routing.router import CacheAwareRouter, Router
+from gateway.routing.router import CacheAwareRouter, Router, none_elsewhere
 from gateway.sessions.store import RedisCheckpoints
 from gateway.sessions.turns import SessionTurns
 from gateway.sharing.publishing import PublishingRouter
@@ -207,8 +207,10 @@ def build_runtime(policy: Policy, services: Services, previous: Runtime | None =
         services.telemetry.live.replica_requests,
     )
     sharing = _routing_share(policy, services, fleet, router, previous)
-    if isinstance(router, CacheAwareRouter):  # the queue it prices counts every gateway's
-        router.peer_inflight = sharing.peer_inflight if sharing is not None else _none
+    # Requests the other gateways have in flight: admitted against and priced as queued.
+    peer_inflight = sharing.peer_inflight if sharing is not None else none_elsewhere
+    if isinstance(router, CacheAwareRouter):
+        router.peer_inflight = peer_inflight
     checkpoints = RedisCheckpoints(redis, ttl_s=policy.sessions.ttl_s)
     tenants = TenantPolicies(policy)  # each tenant's settings, merged once
     trimmer, tenant_trimmers = policy_trimmers(policy.trimming, tenants)
@@ -238,7 +240,7 @@ def build_runtime(policy: Policy, services: Services, previous: Runtime | None =
             metrics,
             engine_load=scraper.get if scraper else None,
             breakers=breakers,
-            peer_inflight=sharing.peer_inflight if sharing is not None else None,
+            peer_inflight=peer_inflight,
         ),
         answers=RedisResponseCache(redis, ttl_s=policy.resilience.response_cache.ttl_s),
         tenants=tenants,
@@ -283,10 +285,6 @@ def _routing_share(
     return RoutingShare(
         redis, spec, fleet, router, services.metrics, instance=kept or new_instance_id()
     )
-
-
-def _none(replica_id: str) -> int:
-    return 0
 
 
 def _no_stats(url: str) -> EngineStats | None:

@@ -49,7 +49,7 @@ from gateway.policy.resilience import RetrySpec
 from gateway.resilience.breaker import ReplicaBreaker
 from gateway.resilience.fair_share import FairQueue, Ticket
 from gateway.routing.costs import RouteRequest
-from gateway.routing.router import ReplicaChoice, Router
+from gateway.routing.router import ReplicaChoice, Router, none_elsewhere
 from gateway.telemetry import names
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.record import Attempt, RequestRecord
@@ -182,7 +182,7 @@ class Dispatcher:
         self._metrics = metrics
         self._engine_load = engine_load or (lambda url: None)
         self._breakers = breakers or Breakers(policy, metrics)
-        self._peer_inflight = peer_inflight or _none_elsewhere
+        self._peer_inflight = peer_inflight or none_elsewhere
         self._weights = {name: spec.share for name, spec in policy.tenants.items()}
         self._lines: dict[str, FairQueue] = {}  # per pool: who waits for a slot
 
@@ -391,10 +391,6 @@ class Dispatcher:
             f"No healthy replica is available for model `{model}`; try again shortly.",
             retry_after_s=self._policy.health.retry_after_s,
         )
-
-
-def _none_elsewhere(replica_id: str) -> int:
-    return 0
 
 
 def _wait_of(state: RetryCallState, retries: RetrySpec) -> float:

@@ -45,7 +45,8 @@ _RECENT_PLACEMENTS = 256
 _IDLE = EngineLoad()  # a replica not scraped (yet) counts as idle
 
 
-def _none_elsewhere(replica_id: str) -> int:
+def none_elsewhere(replica_id: str) -> int:
+    """In flight from the other gateways when nothing is shared: none."""
     return 0
 
 
@@ -149,7 +150,7 @@ class CacheAwareRouter:
         # Requests the other gateway processes have in flight at a replica, as they last
         # said (gateway/sharing/); set by whoever shares them. Without it a gateway among
         # K sees a K-th of each replica's queue, and K gateways pile onto one replica.
-        self.peer_inflight: Callable[[str], int] = _none_elsewhere
+        self.peer_inflight: Callable[[str], int] = none_elsewhere
         self._sessions: OrderedDict[str, str] = OrderedDict()  # session -> replica id
         # The last placements per replica, for what a cache loss must not erase (`forget`).
         self._recent: dict[str, deque[tuple[float, tuple[int, ...]]]] = {}

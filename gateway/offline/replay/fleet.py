@@ -31,7 +31,7 @@ from typing import Literal, Protocol, runtime_checkable
 
 from gateway.fleet.replicas import Replica
 from gateway.routing.costs import RouteRequest
-from gateway.routing.router import ReplicaChoice, Router, placed_work
+from gateway.routing.router import ReplicaChoice, Router, none_elsewhere, placed_work
 
 Balancer = Literal["random", "round_robin"]
 Sharing = Literal["none", "placements"]
@@ -88,7 +88,7 @@ class InflightBoard:
 
     def seen_by(self, reader: int, now: float) -> Callable[[str], int]:
         if not self._sent:
-            return _nothing
+            return none_elsewhere
         batch, lag = self.config.batch_s, self.config.lag_s
         at = math.floor((now - lag - batch) / batch) * batch if batch else now - lag
         self._sent = [entry for entry in self._sent if entry[3] > at]  # ended: gone for all
@@ -97,10 +97,6 @@ class InflightBoard:
             if origin != reader and start <= at < end:
                 counts[replica] = counts.get(replica, 0) + 1
         return lambda replica: counts.get(replica, 0)
-
-
-def _nothing(replica: str) -> int:
-    return 0
 
 
 def balancer(config: FleetConfig) -> Callable[[], int]:

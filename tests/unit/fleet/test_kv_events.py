@@ -18,17 +18,17 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from gateway.fleet.kv_events import (
+from gateway.fleet.kv_event_wire import (
     AllBlocksCleared,
     BlocksRemoved,
     BlocksStored,
     EngineView,
     EventBatch,
-    KvEventSubscriber,
     MalformedFrame,
     classify,
     decode_message,
 )
+from gateway.fleet.kv_events import KvEventSubscriber
 from gateway.fleet.replicas import Fleet, Replica, kv_event_endpoints
 from gateway.policy import parse_policy
 from gateway.routing.index import PrefixIndex
