@@ -183,12 +183,22 @@ class EngineView:
     replica: str
     blocks_held: int = 0
     last_seq: int | None = None
-    last_event_at: float | None = None  # the gateway's monotonic clock
+    # When the last live message came, on the gateway's monotonic clock (replayed history
+    # leaves it: it was published earlier); `since` when this gateway began following.
+    last_event_at: float | None = None
+    since: float = 0.0
     stored: int = 0
     removed: int = 0
 
-    def apply(self, batch: EventBatch, now: float) -> bool:
-        """Apply one step's events; True when they include a clear."""
+    @property
+    def quiet_since(self) -> float:
+        """Since when no step of the engine's has been heard of: requests sent after then
+        run in steps still to be published."""
+        return self.since if self.last_event_at is None else self.last_event_at
+
+    def apply(self, batch: EventBatch, now: float | None) -> bool:
+        """Apply one step's events (`now`: when a live message came; None for replayed
+        history); True when they include a clear."""
         cleared = False
         for event in batch.events:
             if isinstance(event, BlocksStored):
@@ -205,7 +215,8 @@ class EngineView:
                 self.blocks_held = 0
                 cleared = True
         self.last_seq = batch.seq
-        self.last_event_at = now
+        if now is not None:
+            self.last_event_at = now
         return cleared
 
     def reset(self) -> None:

@@ -123,7 +123,7 @@ class KvEventSubscriber:
                 self.views.pop(replica_id, None)
         for replica_id, replica in wanted.items():
             if replica_id not in self._followers:
-                self.views[replica_id] = EngineView(replica_id)
+                self.views[replica_id] = EngineView(replica_id, since=self._clock())
                 task = asyncio.create_task(self._follow(replica), name=f"kv-events {replica_id}")
                 self._followers[replica_id] = (replica, task)
 
@@ -225,10 +225,12 @@ class KvEventSubscriber:
             counted.labels(replica.id, _EVENT_NAMES[type(event)]).inc()
         if batch.unknown:
             counted.labels(replica.id, "other").inc(batch.unknown)
-        previous = view.last_event_at
-        if view.apply(batch, self._clock()) and act:
+        previous = view.quiet_since
+        if view.apply(batch, self._clock() if act else None) and act:
             # The clear came with the engine's next step after it, which ran the requests
-            # sent since the previous message: their blocks are held again.
+            # sent since the previous live message (or, before the first, since this
+            # gateway began following: a reset made before it started reaches it with its
+            # first request's step): their blocks are held again.
             self._forget_cache(view, "cleared", keep_since=previous)
         self._metrics.kv_blocks_held.labels(replica.id).set(view.blocks_held)
 

@@ -350,7 +350,11 @@ class Dispatcher:
                 now = loop.time()
                 if ticket is None:
                     capacity = len(healthy) * admission.max_inflight_per_replica
-                    if line.may_wait(pool.replicas, tenant, capacity):
+                    # With room, the line is only ahead of this request while its first
+                    # tickets are woken to take the free slots: it waits its turn. Only a
+                    # full pool is shared out (else a tenant's request arriving while its
+                    # own earlier ones were being woken was shed).
+                    if roomy or line.may_wait(pool.replicas, tenant, capacity):
                         ticket = line.join(tenant)
                         self._metrics.admission_waits.labels(pool.name, tenant).inc()
                     elif admission.on_saturated == "reject" or now >= until:

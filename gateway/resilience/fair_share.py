@@ -16,6 +16,9 @@ proportion to its weight (`tenants.<name>.share`) among the tenants using the po
 - Any other request of a full pool (its tenant is the one holding most, at or above its
   share) is answered per `on_saturated` (429 with Retry-After, or a bounded wait), and never
   takes a slot someone in line is waiting for.
+- A request that finds room while others are in line (the slots just given back, their
+  tickets not yet run to take them) waits its turn, whoever's it is: it is never shed
+  for the line's sake.
 - While nobody waits, the pool is work-conserving: a tenant alone may use all of it, and
   the check costs one empty-dict test.
 

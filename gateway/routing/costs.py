@@ -9,8 +9,10 @@ start soonest.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import NamedTuple
 
 from gateway.fleet.replicas import Replica
@@ -22,6 +24,17 @@ class RouteRequest:
     blocks: tuple[int, ...]  # chained prefix block hashes (gateway/prompt/blocks.py)
     session: str | None = None
     tenant: str = DEFAULT_TENANT  # whose session: what is remembered about it is per tenant
+
+    @cached_property
+    def session_hash(self) -> int | None:
+        """The conversation as routers remember it: a 64-bit hash of tenant and session
+        name, so equal names of two tenants are two conversations, and what gateways
+        share about a session (gateway/sharing/) carries no client text. Computed once:
+        choosing, recording and publishing all read it."""
+        if self.session is None:
+            return None
+        named = f"{self.tenant}\x1f{self.session}".encode()
+        return int.from_bytes(hashlib.blake2b(named, digest_size=8).digest(), "little")
 
 
 class Candidate(NamedTuple):

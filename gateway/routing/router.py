@@ -8,9 +8,9 @@ rotate. State that costs read (prefix index, recent load, session homes) changes
 Several gateway replicas agree without talking per request: a session's home is the
 replica it was last sent to here, or else its rendezvous-hash winner among the candidates,
 which every gateway computes alike; load comes from the engines' own /metrics, which every
-gateway scrapes; the prefix index and recent work are each gateway's own record of what it
-sent, plus what the other gateways sent when routing is shared (gateway/sharing/ calls
-`learn` with their placements).
+gateway scrapes; the prefix index, recent work and session homes are each gateway's own
+record of what it sent, plus what the other gateways sent when routing is shared
+(gateway/sharing/ calls `learn` with their placements).
 
 `RoundRobinRouter` is the baseline the benchmarks compare against.
 """
@@ -151,7 +151,7 @@ class CacheAwareRouter:
         # said (gateway/sharing/); set by whoever shares them. Without it a gateway among
         # K sees a K-th of each replica's queue, and K gateways pile onto one replica.
         self.peer_inflight: Callable[[str], int] = none_elsewhere
-        self._sessions: OrderedDict[str, str] = OrderedDict()  # session -> replica id
+        self._sessions: OrderedDict[int, str] = OrderedDict()  # session_hash -> replica id
         # The last placements per replica, for what a cache loss must not erase (`forget`).
         self._recent: dict[str, deque[tuple[float, tuple[int, ...]]]] = {}
         self._openings = ConversationOpenings(settings.shared_opening_conversations)
@@ -188,19 +188,24 @@ class CacheAwareRouter:
         )
 
     def dispatched(self, decision: ReplicaChoice, request: RouteRequest) -> None:
-        replica = decision.replica.id
-        self.learn(replica, request.blocks, placed_work(decision))
-        if request.session is not None:
-            if request.session not in self._sessions:  # the conversation's first request
-                self._openings.record(request.blocks)
-            self._sessions[request.session] = replica
-            self._sessions.move_to_end(request.session)
-            if len(self._sessions) > self._settings.session_memory:
-                self._sessions.popitem(last=False)
+        self.learn(decision.replica.id, request.blocks, placed_work(decision), request.session_hash)
 
-    def learn(self, replica_id: str, blocks: Sequence[int], work: float) -> None:
-        """A request with these prefix blocks went to the replica, adding `work` to it:
-        sent from here (`dispatched`), or by another gateway (gateway/sharing/)."""
+    def learn(
+        self, replica_id: str, blocks: Sequence[int], work: float, session: int | None = None
+    ) -> None:
+        """A request with these prefix blocks went to the replica, adding `work` to it,
+        and made it the home of its conversation (`session`: RouteRequest.session_hash):
+        sent from here (`dispatched`), or by another gateway (gateway/sharing/). Sharing
+        homes keeps a conversation that load moved on one gateway from being sent back by
+        the others."""
+        if session is not None:
+            sessions = self._sessions
+            if session not in sessions:  # the conversation's first request anywhere
+                self._openings.record(blocks)
+            sessions[session] = replica_id
+            sessions.move_to_end(session)
+            if len(sessions) > self._settings.session_memory:
+                sessions.popitem(last=False)
         self._load.add(replica_id, work)
         self._index.record(replica_id, blocks)
         recent = self._recent.get(replica_id)
@@ -228,12 +233,13 @@ class CacheAwareRouter:
         ids = [r.id for r in replicas]
         home: str | None = None
         shared_opening = 0
-        if request.session is not None:
-            home = self._sessions.get(request.session)
+        session, key = request.session, request.session_hash
+        if session is not None and key is not None:
+            home = self._sessions.get(key)
             if home is None:  # a new conversation: what it shares with others decides nothing
                 shared_opening = self._openings.shared_lead(request.blocks)
             if home is None or home not in ids:
-                home = rendezvous(request.session, replicas).id
+                home = rendezvous(session, replicas).id
         recent = self._load.recent_many(ids)
         tolerated = (1.0 + self._settings.load_tolerance) * sum(recent) / len(recent)
         match, blocks = self._index.match, request.blocks

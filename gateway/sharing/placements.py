@@ -1,12 +1,14 @@
-"""A placement (a request's prefix blocks went to a replica, adding work to it) and the
-wire form of a batch of them in a Redis Stream entry.
+"""A placement (a request's prefix blocks went to a replica, adding work to it, and made
+it its conversation's home) and the wire form of a batch of them in a Redis Stream entry.
 
 One stream entry carries one flush's batch, so a busy gateway writes one entry per flush
 interval however many requests it routed. Its fields:
 
     g   the publishing gateway's instance id
     t   when the batch's first placement was made (publisher's wall clock, seconds)
-    r   JSON: [[replica id, work, block count], ...] in order
+    r   JSON: [[replica id, work, block count, session], ...] in order; session is the
+        64-bit `RouteRequest.session_hash` of the request's conversation, or null (a gateway
+        of an earlier version writes three items: no session)
     b   every placement's block hashes, concatenated, as little-endian unsigned 64-bit
 
 Block hashes are 64-bit (gateway/prompt/blocks.py), so 8 bytes each: a 195K-token agent
@@ -29,6 +31,7 @@ class Placement:
     replica: str  # Replica.id: the same on every gateway for the same pool and URL
     blocks: tuple[int, ...]
     work: float
+    session: int | None = None  # RouteRequest.session_hash (gateway/routing/costs.py)
 
 
 @dataclass(frozen=True)
@@ -45,7 +48,7 @@ class MalformedBatch(ValueError):
 def encode_batch(
     gateway: str, made_at: float, placements: Sequence[Placement]
 ) -> dict[bytes, bytes]:
-    heads = [[p.replica, p.work, len(p.blocks)] for p in placements]
+    heads = [[p.replica, p.work, len(p.blocks), p.session] for p in placements]
     blocks = [block for p in placements for block in p.blocks]
     return {
         b"g": gateway.encode(),
@@ -65,10 +68,11 @@ def decode_batch(fields: Mapping[bytes, bytes]) -> Batch:
             raise MalformedBatch("block bytes are not whole 64-bit hashes")
         blocks = struct.unpack(f"<{len(raw) // _BLOCK.size}Q", raw)
         placements, start = [], 0
-        for replica, work, count in heads:
-            if not isinstance(replica, str) or not isinstance(count, int) or count < 0:
-                raise MalformedBatch("a placement head is not [replica, work, count]")
-            placements.append(Placement(replica, blocks[start : start + count], float(work)))
+        for head in heads:
+            replica, work, count, session = _head(head)
+            placements.append(
+                Placement(replica, blocks[start : start + count], float(work), session)
+            )
             start += count
     except MalformedBatch:
         raise
@@ -77,3 +81,20 @@ def decode_batch(fields: Mapping[bytes, bytes]) -> Batch:
     if start != len(blocks):
         raise MalformedBatch("block counts do not add up to the blocks sent")
     return Batch(gateway, made_at, tuple(placements))
+
+
+def _head(head: object) -> tuple[str, float, int, int | None]:
+    if not isinstance(head, list) or len(head) not in (3, 4):
+        raise MalformedBatch("a placement head is not [replica, work, count, session]")
+    replica, work, count, session = (*head, None) if len(head) == 3 else head
+    if (
+        not isinstance(replica, str)
+        or isinstance(work, bool)
+        or not isinstance(work, int | float)
+        or isinstance(count, bool)
+        or not isinstance(count, int)
+        or count < 0
+        or not (session is None or (isinstance(session, int) and 0 <= session < 1 << 64))
+    ):
+        raise MalformedBatch("a placement head is not [replica, work, count, session]")
+    return replica, float(work), count, session

@@ -29,9 +29,10 @@ class PublishingRouter:
     def dispatched(self, decision: ReplicaChoice, request: RouteRequest) -> None:
         self._router.dispatched(decision, request)
         replica = decision.replica
-        self._share.placed(
-            replica.pool, Placement(replica.id, request.blocks, placed_work(decision))
+        placement = Placement(
+            replica.id, request.blocks, placed_work(decision), request.session_hash
         )
+        self._share.placed(replica.pool, placement)
 
     def forget(self, replica_id: str, keep_since: float | None = None) -> None:
         self._router.forget(replica_id, keep_since)

@@ -11,7 +11,8 @@ request path:
   one pipeline;
 - follow: one task per pool tails the placement stream (XREAD BLOCK) from where it stood
   at start, skips this gateway's own entries and applies the others' placements to the
-  router (`learn`: prefix index and recent work), for replicas this gateway knows.
+  router (`learn`: prefix index, recent work and session homes), for replicas this
+  gateway knows.
 
 A placement reaches the other gateways within one flush interval plus a Redis round trip.
 It fails open: when Redis does not answer, placements wait in a bounded queue (the
@@ -59,7 +60,9 @@ _XreadAnswer = list[tuple[bytes, list[tuple[bytes, dict[bytes, bytes]]]]] | None
 class Learner(Protocol):
     """What the follower applies placements to (gateway/routing/router.py)."""
 
-    def learn(self, replica_id: str, blocks: Sequence[int], work: float) -> None: ...
+    def learn(
+        self, replica_id: str, blocks: Sequence[int], work: float, session: int | None = None
+    ) -> None: ...
 
 
 def new_instance_id() -> str:
@@ -244,7 +247,9 @@ class RoutingShare:
         applied = dropped = 0
         for placement in batch.placements:
             if placement.replica in ids:
-                self._router.learn(placement.replica, placement.blocks, placement.work)
+                self._router.learn(
+                    placement.replica, placement.blocks, placement.work, placement.session
+                )
                 applied += 1
             else:  # another fleet's replica (or one this gateway has not listed yet)
                 dropped += 1

@@ -218,6 +218,9 @@ class RequestRecord:
         self.blocks: tuple[int, ...] = ()
         self.route_session: str | None = None  # what routing keyed on (maybe derived)
         self.cached_blocks = 0
+        # The prompt tokens routing expected the chosen replica to have cached (set when
+        # the request is finished: gateway/telemetry/cache_expectation.py).
+        self.expected_cached_tokens: int | None = None
         self.fallback: str | None = None
         self.degraded: str | None = None
         self.trimmed_tokens = 0
@@ -291,16 +294,6 @@ class RequestRecord:
         )
 
     # -- read at the end ----------------------------------------------------------------
-
-    @property
-    def expected_cached_tokens(self) -> int | None:
-        """The prompt tokens routing expected the chosen replica to have cached: its share
-        of the prompt's prefix blocks, in tokens. None when nothing was routed on blocks
-        or the engine did not report its prompt."""
-        prompt = self.result.prompt_tokens
-        if not self.blocks or prompt is None or self.replica is None:
-            return None
-        return round(prompt * self.cached_blocks / len(self.blocks))
 
     @property
     def duration_ns(self) -> int:

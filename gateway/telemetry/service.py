@@ -19,6 +19,7 @@ from gateway.periodic import Periodic
 from gateway.policy import Policy
 from gateway.sessions.ids import SessionRef
 from gateway.telemetry.approval_spans import DecisionRecord
+from gateway.telemetry.cache_expectation import CacheExpectation
 from gateway.telemetry.live import LiveStats
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.prices import NANO, Prices, Spend
@@ -56,6 +57,7 @@ class Telemetry:
         self._request_log: RequestLog | None = None
         self._flusher: Periodic | None = None
         self._children: dict[tuple[object, tuple[str, ...]], Any] = {}  # see _child
+        self.cache_expectation = CacheExpectation()
 
     def open(self, usage: UsageLedger | None) -> None:
         """Start what runs in the background: span export, the request log's writer
@@ -88,6 +90,7 @@ class Telemetry:
 
     def finish(self, record: RequestRecord) -> None:
         """Called once per request, after its last byte was sent."""
+        record.expected_cached_tokens = self.cache_expectation.observe(record)
         spend = self.prices.spend(record)
         self._count(record, spend)
         counts = spend.counts(record.status >= 400)

@@ -111,30 +111,36 @@ def balancer(config: FleetConfig) -> Callable[[], int]:
 @dataclass(frozen=True)
 class Placement:
     """What a gateway publishes after a dispatch (gateway/sharing/placements.py carries
-    the same: replica, block hashes, the work it added), plus who sent it."""
+    the same: replica, block hashes, the work it added, the conversation), plus who sent
+    it."""
 
     origin: int
     replica: str
     blocks: tuple[int, ...]
     work: float
+    session: int | None = None
 
 
 @runtime_checkable
 class Learner(Protocol):
     """A router that can take another gateway's placement (CacheAwareRouter.learn)."""
 
-    def learn(self, replica_id: str, blocks: Sequence[int], work: float) -> None: ...
+    def learn(
+        self, replica_id: str, blocks: Sequence[int], work: float, session: int | None = None
+    ) -> None: ...
 
 
 def placement_of(origin: int, decision: ReplicaChoice, request: RouteRequest) -> Placement:
-    return Placement(origin, decision.replica.id, request.blocks, placed_work(decision))
+    return Placement(
+        origin, decision.replica.id, request.blocks, placed_work(decision), request.session_hash
+    )
 
 
 def apply_placement(router: Router, placement: Placement) -> None:
-    # The call gateway/sharing/ makes: index and recent work, no session home. A router
-    # that keeps no such record (round-robin) has nothing to learn.
+    # The call gateway/sharing/ makes: index, recent work and session home. A router that
+    # keeps no such record (round-robin) has nothing to learn.
     if isinstance(router, Learner):
-        router.learn(placement.replica, placement.blocks, placement.work)
+        router.learn(placement.replica, placement.blocks, placement.work, placement.session)
 
 
 @dataclass

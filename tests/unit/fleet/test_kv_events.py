@@ -166,6 +166,8 @@ def test_the_view_counts_the_blocks_of_the_engines_own_cache() -> None:
     assert view.blocks_held == 0
     view.apply(EventBatch(3, 1.0, (BlocksRemoved((9, 8), None),)), now=13.0)
     assert view.blocks_held == 0  # never below nothing
+    view.apply(EventBatch(4, 1.0, (stored,)), now=None)  # replayed history: not heard now
+    assert (view.last_seq, view.last_event_at, view.quiet_since) == (4, 13.0, 13.0)
 
 
 def test_replicas_learn_where_their_engine_publishes(tmp_path: Path) -> None:
@@ -449,6 +451,27 @@ async def test_history_from_before_the_first_message_is_replayed_not_acted_on(
         assert following.view.blocks_held == 2
         assert following.remembered() == 3
         assert following.metric("gateway_engine_kv_gaps_total") == 0
+    finally:
+        await following.subscriber.stop()
+
+
+async def test_a_reset_from_before_the_gateway_started_keeps_what_it_sent_since(
+    engine: FakeEngine,
+) -> None:
+    """vLLM publishes a clear with its next step, so a reset made before this gateway began
+    following reaches it with the step of its first requests: what was sent since it began
+    following is held again (the request logs showed the first turns predicted at 0)."""
+    await engine.publish(0, stored(1, 2), skip=True)  # history: replayed, not a live message
+    following = Following(engine)
+    await following.subscriber.start()
+    try:
+        await engine.subscribed()
+        began = following.view.since
+        await engine.publish(1, CLEARED, stored(7))
+        await until(lambda: following.kept_since != [])
+        assert following.kept_since == [began]
+        assert following.view.last_event_at is not None and following.view.last_event_at >= began
+        assert following.view.blocks_held == 1
     finally:
         await following.subscriber.stop()
 

@@ -107,32 +107,70 @@ tenants: {a: {}, b: {}}
 """
 
 
+BODY = orjson.dumps({"model": "main", "messages": [{"role": "user", "content": "x"}],
+                     "stream": True})  # fmt: skip
+
+
 def _context(tenant: str) -> RequestContext:
     return RequestContext("r", access=TenantAccess(tenant))
 
 
-async def test_a_waiting_request_gets_the_slot_the_hog_gives_back() -> None:
+def _held_pipeline() -> tuple[Pipeline, _Held]:
+    """A pipeline of POLICY whose engine holds every stream open until its gate opens."""
     policy = parse_policy(POLICY)
     upstream = _Held()
     pipeline = Pipeline(
         policy, Fleet(policy), RoundRobinRouter(), upstream,
         fingerprints=MemoryFingerprints(), metrics=GatewayMetrics(),
     )  # fmt: skip
-    body = orjson.dumps({"model": "main", "messages": [{"role": "user", "content": "x"}],
-                         "stream": True})  # fmt: skip
-    held = [render(await pipeline.handle(Endpoint.chat, body, _context("a"))) for _ in range(2)]
+    return pipeline, upstream
+
+
+async def test_a_waiting_request_gets_the_slot_the_hog_gives_back() -> None:
+    pipeline, upstream = _held_pipeline()
+    held = [render(await pipeline.handle(Endpoint.chat, BODY, _context("a"))) for _ in range(2)]
     with pytest.raises(Overloaded) as shed:  # a holds the pool: its next request is shed
-        await pipeline.handle(Endpoint.chat, body, _context("a"))
+        await pipeline.handle(Endpoint.chat, BODY, _context("a"))
     assert shed.value.headers["Retry-After"] == "2"
-    waiting = asyncio.create_task(pipeline.handle(Endpoint.chat, body, _context("b")))
+    waiting = asyncio.create_task(pipeline.handle(Endpoint.chat, BODY, _context("b")))
     await asyncio.sleep(0.1)
     assert not waiting.done()  # b waits in line instead of being shed
     with pytest.raises(Overloaded):  # and a cannot jump it
-        await pipeline.handle(Endpoint.chat, body, _context("a"))
+        await pipeline.handle(Endpoint.chat, BODY, _context("a"))
     upstream.gates[0].set()  # one of a's streams ends ...
     async for _ in held[0].body_iterator:  # type: ignore[attr-defined]
         pass
     await asyncio.wait_for(waiting, 2)  # ... and b takes its slot
     assert len(upstream.calls) == 3
+    for gate in upstream.gates:
+        gate.set()
+
+
+async def test_a_request_finding_room_and_its_own_tenant_in_line_waits_its_turn() -> None:
+    """Slots given back wake the line's first ticket, which takes its slot when it next
+    runs. A request of the same tenant arriving in between finds room, but the line ahead
+    of it, and nobody else holding: it waits its turn, it is not shed (the flaky
+    tests/fault/test_tenant_flood.py: one of B's requests got 429 that way)."""
+    pipeline, upstream = _held_pipeline()
+    held = [render(await pipeline.handle(Endpoint.chat, BODY, _context("a"))) for _ in range(2)]
+    waiting = [asyncio.create_task(pipeline.handle(Endpoint.chat, BODY, _context("b")))
+               for _ in range(2)]  # fmt: skip
+    await asyncio.sleep(0.01)
+    assert not any(task.done() for task in waiting)  # both in line behind a's streams
+    for gate, stream in zip(upstream.gates, held, strict=True):
+        gate.set()
+        async for _ in stream.body_iterator:  # type: ignore[attr-defined]
+            pass
+    # a holds nothing now, and b's tickets have not run yet to take the free slots.
+    third = asyncio.create_task(pipeline.handle(Endpoint.chat, BODY, _context("b")))
+    await asyncio.sleep(0.2)
+    assert not third.done() or third.exception() is None
+    for served in await asyncio.wait_for(asyncio.gather(*waiting), 2):
+        for gate in upstream.gates:
+            gate.set()
+        async for _ in render(served).body_iterator:  # type: ignore[attr-defined]
+            pass  # b's first two streams end: the third takes a slot
+    render(await asyncio.wait_for(third, 2))
+    assert len(upstream.calls) == 5
     for gate in upstream.gates:
         gate.set()

@@ -12,6 +12,7 @@ from gateway.routing.load import LoadTracker
 from gateway.routing.router import (
     CacheAwareRouter,
     CacheAwareSettings,
+    ReplicaChoice,
     RoundRobinRouter,
     rendezvous,
 )
@@ -111,6 +112,20 @@ def test_session_stays_on_its_replica_and_new_sessions_hash_consistently() -> No
     assert decision is not None
     assert decision.replica is home
     assert decision.reason == "session"
+
+
+def test_equal_session_names_of_two_tenants_are_two_conversations() -> None:
+    pool = replicas(4)
+    r = router()
+    ours, theirs = RouteRequest((), "chat-1", tenant="a"), RouteRequest((), "chat-1", tenant="b")
+    assert ours.session_hash != theirs.session_hash
+    assert RouteRequest((), None).session_hash is None
+    home = rendezvous("chat-1", pool)
+    elsewhere = next(x for x in pool if x is not home)
+    r.dispatched(ReplicaChoice(elsewhere, "load", 0, 0), ours)  # a's conversation moved
+    moved, kept = r.choose(pool, ours), r.choose(pool, theirs)
+    assert moved is not None and moved.replica is elsewhere
+    assert kept is not None and kept.replica is home
 
 
 def test_saturated_engine_is_avoided_even_with_a_cache_hit() -> None:

@@ -63,8 +63,10 @@ class Gateway:
     def replicas(self) -> list[Replica]:
         return next(iter(self.fleet.pools.values())).replicas
 
-    def route(self, blocks: tuple[int, ...], avoid: Replica | None = None) -> Replica:
-        request = RouteRequest(blocks)
+    def route(
+        self, blocks: tuple[int, ...], avoid: Replica | None = None, session: str | None = None
+    ) -> Replica:
+        request = RouteRequest(blocks, session)
         exclude = frozenset({avoid}) if avoid is not None else frozenset()
         choice = self.publishing.choose(self.replicas, request, exclude)
         assert choice is not None
@@ -117,31 +119,60 @@ def run(test: Callable[[], Coroutine[Any, Any, None]]) -> None:
     asyncio.run(test())
 
 
+@asynccontextmanager
+async def sharing(redis_url: str, pool: str) -> AsyncIterator[tuple[Gateway, Gateway]]:
+    """Gateways a and b sharing through Redis, started, both followers at the stream's
+    end; their keys deleted after."""
+    redis = aioredis.Redis.from_url(redis_url)
+    policy = policy_of(pool)
+    a, b = gateway(redis, policy, "gw-a"), gateway(redis, policy, "gw-b")
+    try:
+        async with started(a, b):
+            await asyncio.sleep(0.05)  # both followers stand at the stream's end
+            yield a, b
+    finally:
+        await redis.delete(routing_key(pool, "placements"), routing_key(pool, "inflight"))
+        await redis.aclose()
+
+
 def test_a_placement_made_by_one_gateway_steers_the_other(redis_url: str, pool: str) -> None:
     async def scenario() -> None:
-        redis = aioredis.Redis.from_url(redis_url)
-        policy = policy_of(pool)
-        a, b = gateway(redis, policy, "gw-a"), gateway(redis, policy, "gw-b")
-        try:
-            async with started(a, b):
-                await asyncio.sleep(0.05)  # both followers stand at the stream's end
-                first, second = a.replicas
-                assert a.route(PREFIX, avoid=first) is second
-                await until(lambda: b.counted("applied") == 1)
-                request = RouteRequest((*PREFIX, 7))
-                choice = b.publishing.choose(b.replicas, request)
-                assert choice is not None
-                assert (choice.replica.id, choice.reason) == (second.id, "prefix")
-                assert choice.cached_blocks == len(PREFIX)
-                # its own entry, read back from the stream, is not applied twice (the
-                # round that wrote it may end after the other gateway has read it)
-                await until(lambda: a.counted("published") == 1)
-                await asyncio.sleep(0.05)
-                assert a.counted("applied") == 0
-                assert a.up() == 1.0
-        finally:
-            await redis.delete(routing_key(pool, "placements"), routing_key(pool, "inflight"))
-            await redis.aclose()
+        async with sharing(redis_url, pool) as (a, b):
+            first, second = a.replicas
+            assert a.route(PREFIX, avoid=first) is second
+            await until(lambda: b.counted("applied") == 1)
+            request = RouteRequest((*PREFIX, 7))
+            choice = b.publishing.choose(b.replicas, request)
+            assert choice is not None
+            assert (choice.replica.id, choice.reason) == (second.id, "prefix")
+            assert choice.cached_blocks == len(PREFIX)
+            # its own entry, read back from the stream, is not applied twice (the round
+            # that wrote it may end after the other gateway has read it)
+            await until(lambda: a.counted("published") == 1)
+            await asyncio.sleep(0.05)
+            assert a.counted("applied") == 0
+            assert a.up() == 1.0
+
+    run(scenario)
+
+
+def test_a_conversation_moved_by_one_gateway_is_at_home_there_for_the_other(
+    redis_url: str, pool: str
+) -> None:
+    """Session homes travel with placements: a conversation one gateway moved (its home
+    was excluded, as after a failure) is sent to its new home by the other gateway too,
+    though the other's rendezvous hash still names the old one."""
+
+    async def scenario() -> None:
+        async with sharing(redis_url, pool) as (a, b):
+            hashed = b.publishing.choose(b.replicas, RouteRequest((), "chat-7"))
+            assert hashed is not None and hashed.reason == "session"
+            moved = a.route((), avoid=hashed.replica, session="chat-7")
+            assert moved is not hashed.replica
+            await until(lambda: b.counted("applied") == 1)
+            followed = b.publishing.choose(b.replicas, RouteRequest((), "chat-7"))
+            assert followed is not None
+            assert (followed.replica.id, followed.reason) == (moved.id, "session")
 
     run(scenario)
 

@@ -21,6 +21,7 @@ from gateway.offline.replay.fleet import (
     balancer,
     parse_counts,
     parse_sharings,
+    placement_of,
     pool_of,
 )
 from gateway.offline.replay.run import ReplayConfig, TraceClock, replay, replay_fleet
@@ -122,7 +123,7 @@ class Recorder:
     """A router that only records the placements it learns."""
 
     def __init__(self) -> None:
-        self.told: list[tuple[str, tuple[int, ...], float, float]] = []
+        self.told: list[tuple[str, tuple[int, ...], float, int | None, float]] = []
         self.clock = TraceClock()
 
     def choose(
@@ -133,8 +134,10 @@ class Recorder:
     def dispatched(self, decision: ReplicaChoice, request: RouteRequest) -> None:
         pass
 
-    def learn(self, replica_id: str, blocks: Sequence[int], work: float) -> None:
-        self.told.append((replica_id, tuple(blocks), work, self.clock.now))
+    def learn(
+        self, replica_id: str, blocks: Sequence[int], work: float, session: int | None = None
+    ) -> None:
+        self.told.append((replica_id, tuple(blocks), work, session, self.clock.now))
 
     def forget(self, replica_id: str, keep_since: float | None = None) -> None:
         pass
@@ -148,7 +151,7 @@ def test_a_placement_reaches_the_others_after_the_flush_and_the_lag() -> None:
     gateways = [Gateway(r, pool_of(2), [[], []]) for r in routers]
     bus = PlacementBus(FleetConfig(3, sharing="placements", batch_s=0.005, lag_s=0.003))
     replica = gateways[1].pool[0].id
-    bus.publish(0.012, Placement(origin=1, replica=replica, blocks=(5, 6), work=2.0))
+    bus.publish(0.012, Placement(origin=1, replica=replica, blocks=(5, 6), work=2.0, session=9))
 
     def set_clock(at: float) -> None:
         for router in routers:
@@ -159,8 +162,8 @@ def test_a_placement_reaches_the_others_after_the_flush_and_the_lag() -> None:
     bus.deliver_until(0.5, gateways, set_clock)
     assert routers[1].told == []  # the origin recorded it when it dispatched
     for receiver in (routers[0], routers[2]):
-        ((rid, blocks, work, at),) = receiver.told
-        assert (rid, blocks, work) == (replica, (5, 6), 2.0)
+        ((rid, blocks, work, session, at),) = receiver.told
+        assert (rid, blocks, work, session) == (replica, (5, 6), 2.0, 9)
         assert at == pytest.approx(0.018)
 
 
@@ -174,6 +177,24 @@ def test_an_applied_placement_is_what_the_receiving_router_then_believes() -> No
     assert router.cached_share(pool, request) == 1.0
     decision = router.choose(pool, request, frozenset())
     assert decision is not None and decision.replica is pool[1]
+
+
+def test_a_conversation_moved_by_one_gateway_is_followed_by_the_others() -> None:
+    """Session homes travel with placements: once load moved a conversation on one
+    gateway, another gateway sends its next turn to the new home, not back to the
+    rendezvous winner whose copy of its history is stale."""
+    clock = TraceClock()
+    pool = pool_of(3)
+    sender, other = build_router(SPEC, clock), build_router(SPEC, clock)
+    request = RouteRequest((), session="conversation-1")
+    first = other.choose(pool, request, frozenset())
+    assert first is not None and first.reason == "session"
+    moved_to = next(r for r in pool if r is not first.replica)
+    decision = ReplicaChoice(moved_to, "load", 0, 0)
+    sender.dispatched(decision, request)
+    apply_placement(other, placement_of(0, decision, request))
+    followed = other.choose(pool, request, frozenset())
+    assert followed is not None and followed.replica is moved_to
 
 
 def test_gateway_counts_and_sharings_are_parsed() -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from gateway.cli import main as gateway_main
 from gateway.offline.replay.run import ReplayConfig, oracle_hit_rate, replay
-from gateway.offline.replay.sim import percentile
+from gateway.offline.replay.sim import Tally, percentile
 from gateway.offline.replay.traces import TraceError, read_trace
 from gateway.policy.schema import RoutingSpec
 from gateway.routing.build import build_router
@@ -40,6 +40,19 @@ def test_round_robin_figures_match_the_hand_count(trace_file: Path) -> None:
     assert tally.total_blocks == 12
     # Prefill work per replica in the one window: r0 = 4 + 3, r1 = 5 + 2: perfectly even.
     assert tally.imbalance_p95() == 1.0
+
+
+def test_the_window_a_trace_ends_in_is_not_an_imbalance_figure() -> None:
+    """Two full 60 s windows, then the trace's last 2 s: one request alone there would be
+    a ratio of 2.0, the p95 of three windows."""
+    tally = Tally(replicas=2, window_s=60.0)
+    for at in (0.0, 30.0, 60.0, 90.0):
+        tally.add(at, int(at // 30) % 2, hits=0, blocks=1, ttft=0.0)
+    tally.add(121.0, 0, hits=0, blocks=9, ttft=0.0)
+    assert tally.imbalance_p95() == 1.0
+    alone = Tally(replicas=2, window_s=60.0)  # the only window counts, partial or not
+    alone.add(5.0, 0, hits=0, blocks=1, ttft=0.0)
+    assert alone.imbalance_p95() == 2.0
 
 
 def test_oracle_pools_all_memory(trace_file: Path) -> None:
