@@ -241,6 +241,7 @@ def build_runtime(policy: Policy, services: Services, previous: Runtime | None =
             engine_load=scraper.get if scraper else None,
             breakers=breakers,
             peer_inflight=peer_inflight,
+            peer_tenants=sharing.peer_tenants if sharing is not None else None,
         ),
         answers=RedisResponseCache(redis, ttl_s=policy.resilience.response_cache.ttl_s),
         tenants=tenants,

@@ -47,7 +47,7 @@ from gateway.fleet.replicas import Pool, Replica
 from gateway.policy import Policy
 from gateway.policy.resilience import RetrySpec
 from gateway.resilience.breaker import ReplicaBreaker
-from gateway.resilience.fair_share import FairQueue, Ticket
+from gateway.resilience.fair_share import FairQueue, PeerTenants, Ticket, no_peers
 from gateway.routing.costs import RouteRequest
 from gateway.routing.router import ReplicaChoice, Router, none_elsewhere
 from gateway.telemetry import names
@@ -173,9 +173,11 @@ class Dispatcher:
         engine_load: Callable[[str], EngineLoad | None] | None = None,
         breakers: Breakers | None = None,
         peer_inflight: Callable[[str], int] | None = None,
+        peer_tenants: PeerTenants | None = None,
     ) -> None:
         """`peer_inflight`: a replica's requests in flight from the other gateway processes,
-        as they last published them (gateway/sharing/); without it, this gateway's own."""
+        as they last published them (gateway/sharing/); without it, this gateway's own.
+        `peer_tenants`: the same per tenant, for fair admission."""
         self._policy = policy
         self._router = router
         self._upstream = upstream
@@ -183,6 +185,7 @@ class Dispatcher:
         self._engine_load = engine_load or (lambda url: None)
         self._breakers = breakers or Breakers(policy, metrics)
         self._peer_inflight = peer_inflight or none_elsewhere
+        self._peer_tenants = peer_tenants or no_peers
         self._weights = {name: spec.share for name, spec in policy.tenants.items()}
         self._lines: dict[str, FairQueue] = {}  # per pool: who waits for a slot
 
@@ -325,7 +328,7 @@ class Dispatcher:
     def _line(self, pool: Pool) -> FairQueue:
         line = self._lines.get(pool.name)
         if line is None:
-            line = self._lines[pool.name] = FairQueue(self._weights)
+            line = self._lines[pool.name] = FairQueue(self._weights, self._peer_tenants)
         return line
 
     async def _admitted(

@@ -22,8 +22,11 @@ proportion to its weight (`tenants.<name>.share`) among the tenants using the po
 - While nobody waits, the pool is work-conserving: a tenant alone may use all of it, and
   the check costs one empty-dict test.
 
-Shares are counted per gateway process, from the in-flight requests each replica object
-carries per tenant (they survive policy reloads with the replica).
+Shares are counted from the in-flight requests each replica object carries per tenant
+(they survive policy reloads with the replica), plus, when routing is shared
+(gateway/sharing/), the other gateway processes' per-tenant counts as they last published
+them: a tenant flooding through another gateway holds slots here too. A waiter still
+learns of slots freed elsewhere only by polling (every `POLL_S`).
 
 Nothing here tells a tenant about another's traffic beyond what a refusal implies: the
 429 carries the same message whatever the reason.
@@ -34,7 +37,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gateway.fleet.replicas import Replica
@@ -53,26 +56,38 @@ class Ticket:
     woken: asyncio.Event = field(default_factory=asyncio.Event)
 
 
-def in_flight(replicas: Sequence[Replica], tenant: str) -> int:
-    return sum(r.by_tenant.get(tenant, 0) for r in replicas)
+# A replica id -> the other gateways' requests in flight there, per tenant.
+PeerTenants = Callable[[str], Mapping[str, int]]
+_NONE: Mapping[str, int] = {}
 
 
-def _holdings(replicas: Sequence[Replica]) -> dict[str, int]:
-    """Requests in flight per tenant, over the pool's replicas."""
-    held: dict[str, int] = {}
-    for replica in replicas:
-        for tenant, n in replica.by_tenant.items():
-            held[tenant] = held.get(tenant, 0) + n
-    return held
+def no_peers(replica_id: str) -> Mapping[str, int]:
+    """Per-tenant counts of the other gateways when nothing is shared: none."""
+    return _NONE
 
 
 class FairQueue:
     """The line of one pool's requests waiting for a slot, per tenant."""
 
-    def __init__(self, weights: Mapping[str, float]) -> None:
+    def __init__(self, weights: Mapping[str, float], peers: PeerTenants = no_peers) -> None:
         self._weights = weights
+        self._peers = peers
         self._waiting: dict[str, deque[Ticket]] = {}
         self._order = itertools.count()
+
+    def in_flight(self, replicas: Sequence[Replica], tenant: str) -> int:
+        """The tenant's requests in flight over these replicas, from every gateway."""
+        peers = self._peers
+        return sum(r.by_tenant.get(tenant, 0) + peers(r.id).get(tenant, 0) for r in replicas)
+
+    def _holdings(self, replicas: Sequence[Replica]) -> dict[str, int]:
+        """Requests in flight per tenant over the pool's replicas, from every gateway."""
+        held: dict[str, int] = {}
+        for replica in replicas:
+            for counts in (replica.by_tenant, self._peers(replica.id)):
+                for tenant, n in counts.items():
+                    held[tenant] = held.get(tenant, 0) + n
+        return held
 
     def weight(self, tenant: str) -> float:
         return self._weights.get(tenant, 1.0)
@@ -92,12 +107,12 @@ class FairQueue:
         slots will come free. A tenant alone has nobody to be treated fairly against:
         its own traffic (or the engines' own queues) fill the pool, and `on_saturated`
         decides."""
-        holding = {t: n for t, n in _holdings(replicas).items() if t != tenant}
+        holding = {t: n for t, n in self._holdings(replicas).items() if t != tenant}
         others = holding.keys() | (self._waiting.keys() - {tenant})
         if not others:
             return False
         weight = self.weight(tenant)
-        demand = in_flight(replicas, tenant) + len(self._waiting.get(tenant, ()))
+        demand = self.in_flight(replicas, tenant) + len(self._waiting.get(tenant, ()))
         total = weight + sum(self.weight(t) for t in others)
         if demand < capacity * weight / total:
             return True
@@ -141,7 +156,7 @@ class FairQueue:
         best_key = (0.0, 0)
         for tenant, line in self._waiting.items():
             head = line[0]
-            key = (in_flight(replicas, tenant) / self.weight(tenant), head.order)
+            key = (self.in_flight(replicas, tenant) / self.weight(tenant), head.order)
             if best is None or key < best_key:
                 best, best_key = head, key
         return best

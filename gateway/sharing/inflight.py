@@ -1,7 +1,10 @@
 """The other gateways' in-flight counts per replica, as they last published them.
 
 Each gateway writes one field of a pool's in-flight hash (gateway/state/keys.py): its
-instance id -> `{"n": round, "c": {replica id: in flight}}`. Whether a field is current is
+instance id -> `{"n": round, "c": {replica id: in flight}, "t": {replica id: {tenant: in
+flight}}}`. The per-tenant counts let fair admission (gateway/resilience/fair_share.py)
+see a tenant that floods through another gateway; a field without them (a gateway of an
+earlier version) counts toward the totals only. Whether a field is current is
 judged by its round number advancing, timed on the reader's own clock: a gateway that
 stopped (or lost Redis) leaves a field whose round no longer moves, and after
 `inflight_ttl_s` it stops counting. No two hosts' clocks are compared. The hash itself
@@ -18,9 +21,13 @@ from collections.abc import Callable, Mapping
 
 import orjson
 
+# replica id -> tenant -> requests in flight
+TenantCounts = Mapping[str, Mapping[str, int]]
+_NONE: Mapping[str, int] = {}
 
-def encode_counts(round_no: int, counts: Mapping[str, int]) -> bytes:
-    return orjson.dumps({"n": round_no, "c": counts})
+
+def encode_counts(round_no: int, counts: Mapping[str, int], tenants: TenantCounts) -> bytes:
+    return orjson.dumps({"n": round_no, "c": counts, "t": tenants})
 
 
 class PeerInflight:
@@ -33,9 +40,15 @@ class PeerInflight:
         self._seen: dict[str, tuple[int, float]] = {}  # gateway -> (round, when it moved)
         self._by_pool: dict[str, dict[str, int]] = {}  # pool -> replica id -> peers' sum
         self._totals: dict[str, int] = {}  # replica id -> peers' sum (ids name their pool)
+        self._tenants_by_pool: dict[str, dict[str, dict[str, int]]] = {}  # pool -> replica ->
+        self._tenants: dict[str, dict[str, int]] = {}  # replica id -> tenant -> peers' sum
 
     def get(self, replica_id: str) -> int:
         return self._totals.get(replica_id, 0)
+
+    def tenants(self, replica_id: str) -> Mapping[str, int]:
+        """The other gateways' requests in flight at the replica, per tenant."""
+        return self._tenants.get(replica_id, _NONE)
 
     def update(self, pool: str, fields: Mapping[bytes, bytes]) -> list[bytes]:
         """The pool's hash as just read (HGETALL). Returns the fields of gateways that
@@ -43,6 +56,7 @@ class PeerInflight:
         gateway's field would otherwise stay as long as any other gateway writes."""
         now = self._clock()
         totals: dict[str, int] = {}
+        tenants: dict[str, dict[str, int]] = {}
         stale: list[bytes] = []
         for raw_gateway, raw in fields.items():
             gateway = raw_gateway.decode(errors="replace")
@@ -64,17 +78,38 @@ class PeerInflight:
             for replica, count in counts.items():
                 if isinstance(count, int) and count > 0:
                     totals[str(replica)] = totals.get(str(replica), 0) + count
+            _add_tenants(tenants, value.get("t"))
         self._by_pool[pool] = totals
+        self._tenants_by_pool[pool] = tenants
         self._sum()
         return stale
 
     def clear(self) -> None:
         """Redis does not answer: count only this gateway's own (fail open)."""
         self._by_pool.clear()
+        self._tenants_by_pool.clear()
         self._totals = {}
+        self._tenants = {}
 
     def _sum(self) -> None:
         totals: dict[str, int] = {}
-        for counts in self._by_pool.values():
+        tenants: dict[str, dict[str, int]] = {}
+        for pool, counts in self._by_pool.items():
             totals.update(counts)  # replica ids are unique across pools
+            tenants.update(self._tenants_by_pool.get(pool, {}))
         self._totals = totals
+        self._tenants = tenants
+
+
+def _add_tenants(into: dict[str, dict[str, int]], raw: object) -> None:
+    """One peer's per-tenant counts added in; anything else in their place is ignored
+    (the totals still count)."""
+    if not isinstance(raw, dict):
+        return
+    for replica, per_tenant in raw.items():
+        if not isinstance(per_tenant, dict):
+            continue
+        held = into.setdefault(str(replica), {})
+        for tenant, count in per_tenant.items():
+            if isinstance(count, int) and not isinstance(count, bool) and count > 0:
+                held[str(tenant)] = held.get(str(tenant), 0) + count

@@ -29,7 +29,7 @@ import logging
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, cast
 
@@ -52,6 +52,9 @@ _BLOCK_MS = 500  # a follower notices a stop at least this often
 _RETRY_S = 0.5  # the pause after Redis failed to answer, before asking again
 _READ_COUNT = 256  # stream entries (batches) read per call
 
+
+# What a flush writes of one pool: in flight per replica, and per replica per tenant.
+_Counts = tuple[dict[str, int], dict[str, dict[str, int]]]
 
 # XREAD's answer: [(stream, [(entry id, {field: value}), ...]), ...], or None on timeout.
 _XreadAnswer = list[tuple[bytes, list[tuple[bytes, dict[bytes, bytes]]]]] | None
@@ -101,7 +104,7 @@ class RoutingShare:
         self._queue: deque[_Queued] = deque()
         self.peers = PeerInflight(instance, spec.inflight_ttl_s, clock)
         self._round = 0
-        self._written: dict[str, tuple[dict[str, int], float]] = {}  # pool -> counts, when
+        self._written: dict[str, tuple[_Counts, float]] = {}  # pool -> counts, when
         self._stale: dict[str, list[bytes]] = {}  # pool -> peers' fields to delete
         self._up: bool | None = None
         self._retry_at = 0.0
@@ -121,6 +124,10 @@ class RoutingShare:
     def peer_inflight(self, replica_id: str) -> int:
         """Requests the other gateways had in flight at the replica when they last said."""
         return self.peers.get(replica_id)
+
+    def peer_tenants(self, replica_id: str) -> Mapping[str, int]:
+        """The same, per tenant: fair admission's view of who holds the replica."""
+        return self.peers.tenants(replica_id)
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -167,16 +174,17 @@ class RoutingShare:
                 maxlen=self._spec.stream_max_entries,
                 approximate=True,
             )
-        writes: dict[str, dict[str, int]] = {}
+        writes: dict[str, _Counts] = {}
         reads: list[tuple[str, int]] = []  # pool, where its HGETALL's answer will be
         for name, listed in self._fleet.pools.items():
             key = routing_key(name, "inflight")
             counts = {r.id: r.inflight for r in listed.replicas if r.inflight > 0}
+            tenants = {r.id: dict(r.by_tenant) for r in listed.replicas if r.by_tenant}
             last = self._written.get(name)
-            if last is None or last[0] != counts or now - last[1] >= heartbeat_s:
-                pipe.hset(key, self.instance, encode_counts(self._round, counts))
+            if last is None or last[0] != (counts, tenants) or now - last[1] >= heartbeat_s:
+                pipe.hset(key, self.instance, encode_counts(self._round, counts, tenants))
                 pipe.pexpire(key, ttl_ms)
-                writes[name] = counts
+                writes[name] = (counts, tenants)
             if stale := self._stale.pop(name, None):
                 pipe.hdel(key, *stale)
             reads.append((name, len(pipe)))
@@ -192,8 +200,8 @@ class RoutingShare:
             return
         self._set_up(True)
         self._metrics.sharing_placements.labels("published").inc(len(taken))
-        for name, counts in writes.items():
-            self._written[name] = (counts, now)
+        for name, written in writes.items():
+            self._written[name] = (written, now)
         for name, at in reads:
             if stale := self.peers.update(name, results[at]):
                 self._stale[name] = stale

@@ -56,6 +56,18 @@ def test_a_tenant_at_its_share_still_waits_while_another_holds_more() -> None:
     assert not line.may_wait(replicas, "a", capacity=8)
 
 
+def test_what_other_gateways_hold_counts_toward_the_shares() -> None:
+    """`a` floods through another gateway: here `b` is alone, but not in the pool."""
+    replicas = _replicas()  # nothing in flight from this gateway
+    elsewhere = {replicas[0].id: {"a": 8}}
+    line = FairQueue({}, peers=lambda replica: elsewhere.get(replica, {}))
+    assert line.may_wait(replicas, "b", capacity=8)
+    assert not line.may_wait(replicas, "a", capacity=8)
+    assert line.in_flight(replicas, "a") == 8
+    alone = FairQueue({})  # without the others' counts `b` looked alone, and was shed
+    assert not alone.may_wait(replicas, "b", capacity=8)
+
+
 def test_weights_set_the_shares() -> None:
     line = FairQueue({"gold": 3.0})
     replicas = _replicas(gold=5, free=3)

@@ -7,11 +7,15 @@ fake engines (tests/fault/fault_upstream.py).
   from the second gateway's placement instead.
 - `max_inflight_per_replica` holds across both: with two requests running through the
   first gateway at the limit of 2, the second refuses a third with 429.
+- Fair admission holds across both: a tenant holding the pool through the first gateway
+  does not make another tenant's request through the second look alone (and be shed);
+  it waits in line and is served when a slot frees.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 import uuid
 from contextlib import ExitStack
@@ -127,3 +131,39 @@ def test_the_inflight_limit_holds_across_two_gateways(
         assert held == [200, 200]
         assert third == 429
         assert ask(second, "s", "after").status_code == 200  # room again once they ended
+
+
+def test_fair_admission_sees_a_tenant_flooding_through_the_other_gateway(
+    redis_url: str, tmp_path: Path, pool: str
+) -> None:
+    keys = {"hog": "sk-agw-two-gateways-hog-1d9c", "quiet": "sk-agw-two-gateways-quiet-7e2a"}
+    tenants = "".join(
+        f"  {name}: {{keys: [{{sha256: {hashlib.sha256(key.encode()).hexdigest()}}}]}}\n"
+        for name, key in keys.items()
+    )
+    with (
+        ExitStack() as stack,
+        running_upstreams(["slow"], tmp_path, tokens=5, token_delay_s=0.3) as (engine,),
+    ):
+        policy = tmp_path / "policy.yaml"
+        text = policy_text(pool, [engine.url], max_inflight=2) + "tenants:\n" + tenants
+        policy.write_text(with_redis(text, redis_url))
+        first, second = pair(stack, policy, tmp_path)
+
+        async def scenario() -> tuple[list[int], int]:
+            async with httpx.AsyncClient(timeout=30) as client:
+                body = {"model": "main", "messages": [{"role": "user", "content": "hi"}]}
+
+                def send(gateway: Gateway, tenant: str) -> asyncio.Task[httpx.Response]:
+                    headers = {"Authorization": f"Bearer {keys[tenant]}"}
+                    url = f"{gateway.v1}/chat/completions"
+                    return asyncio.create_task(client.post(url, json=body, headers=headers))
+
+                hogging = [send(first, "hog") for _ in range(2)]  # the pool's 2 slots
+                await asyncio.sleep(0.5)  # in flight (1.5 s each), and published
+                quiet = await send(second, "quiet")
+                return [(await r).status_code for r in hogging], quiet.status_code
+
+        held, quiet = asyncio.run(scenario())
+        assert held == [200, 200]
+        assert quiet == 200  # waited for a slot instead of a 429
