@@ -40,7 +40,7 @@ class PeerInflight:
         self._seen: dict[str, tuple[int, float]] = {}  # gateway -> (round, when it moved)
         self._by_pool: dict[str, dict[str, int]] = {}  # pool -> replica id -> peers' sum
         self._totals: dict[str, int] = {}  # replica id -> peers' sum (ids name their pool)
-        self._tenants_by_pool: dict[str, dict[str, dict[str, int]]] = {}  # pool -> replica ->
+        self._tenants_by_pool: dict[str, dict[str, dict[str, int]]] = {}  # pool -> the same
         self._tenants: dict[str, dict[str, int]] = {}  # replica id -> tenant -> peers' sum
 
     def get(self, replica_id: str) -> int:
