@@ -11,12 +11,21 @@ the dashboard, 404s) goes through FastAPI as before.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
+import orjson
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gateway.delivery.served import EventStream, Served
+from gateway.chat.inbound import json_object
+from gateway.chat.legacy_functions import (
+    function_call_events,
+    may_use_functions,
+    to_function_call,
+    to_tools,
+)
+from gateway.delivery.served import ConvertedEvents, EventStream, Served
 from gateway.edge.body import read_body
 from gateway.errors import GatewayError, MethodNotAllowed, error_response
 from gateway.pipeline import Pipeline
@@ -73,7 +82,10 @@ class ApiCalls:
                     access=access,
                     identity=identity_of(state),
                 )
-                served = await pipeline.handle(endpoint, body, context)
+                if endpoint is Endpoint.chat and may_use_functions(body):
+                    served = await _legacy_functions(pipeline, body, context)
+                else:
+                    served = await pipeline.handle(endpoint, body, context)
             response = render(served)
         except GatewayError as exc:
             record.error_type = exc.code or exc.error_type
@@ -84,6 +96,22 @@ class ApiCalls:
             error = GatewayError("The gateway hit an internal error; it has been logged.")
             response = error_response(error, request_id=request_id)
         await response(scope, receive, send)
+
+
+async def _legacy_functions(pipeline: Pipeline, raw: bytes, context: RequestContext) -> Served:
+    """A chat request that may use `functions` / `function_call`: sent with tools, and
+    answered in the shape its client asked in (gateway/chat/legacy_functions.py)."""
+    translated = to_tools(json_object(raw))
+    if translated is None:  # the marker was in some text, not a field
+        return await pipeline.handle(Endpoint.chat, raw, context)
+    body, legacy_answer = translated
+    served = await pipeline.handle(Endpoint.chat, body, context)
+    if not legacy_answer:
+        return served
+    if served.stream is not None:
+        return replace(served, stream=ConvertedEvents(function_call_events, served.stream))
+    completion = to_function_call(served.completion())
+    return Served(served.headers, orjson.dumps(completion), parsed=completion)
 
 
 def render(served: Served) -> Response:

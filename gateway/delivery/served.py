@@ -7,7 +7,7 @@ renders it once (gateway/api/inference.py).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -38,6 +38,25 @@ class Replay:
 
     def close(self) -> None:
         return None  # nothing held: the engine's answer was read whole
+
+
+class ConvertedEvents:
+    """Another stream's events, each rewritten by `convert` as it passes; closing it closes
+    the source (and gives its replica back)."""
+
+    def __init__(
+        self,
+        convert: Callable[[AsyncIterator[bytes]], AsyncIterator[bytes]],
+        source: EventStream,
+    ) -> None:
+        self._convert = convert
+        self._source = source
+
+    def events(self) -> AsyncIterator[bytes]:
+        return self._convert(self._source.events())
+
+    def close(self) -> None:
+        self._source.close()
 
 
 @dataclass(frozen=True)

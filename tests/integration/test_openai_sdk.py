@@ -10,6 +10,7 @@ import openai
 import pytest
 from openai import OpenAI
 from openai.types.chat import ChatCompletionFunctionToolParam, ChatCompletionMessageParam
+from openai.types.chat.completion_create_params import Function
 
 from tests.integration.conftest import Gateway
 
@@ -26,6 +27,12 @@ WEATHER_TOOL: ChatCompletionFunctionToolParam = {
             "required": ["city"],
         },
     },
+}
+
+WEATHER_FUNCTION: Function = {  # the same, as a legacy `functions` entry
+    "name": "get_weather",
+    "description": "Current weather for a city",
+    "parameters": WEATHER_TOOL["function"]["parameters"],
 }
 
 
@@ -128,6 +135,29 @@ def test_forced_tool_choice_reaches_the_engine(client: OpenAI) -> None:
         call = message.tool_calls[0]
         assert call.type == "function"
         assert call.function.name == "get_weather"
+    else:
+        assert message.content is not None
+        assert re.match(r'<tool_call>\s*\{"name": "get_weather"', message.content)
+
+
+def test_legacy_functions_reach_the_engine_as_a_forced_tool(client: OpenAI) -> None:
+    """`functions` / `function_call` (deprecated, still sent by older clients) are sent as
+    tools, and the call comes back as `function_call` (gateway/chat/legacy_functions.py).
+    As above, the random weights may leave the call's JSON unfinished: then the
+    constrained markup shows the engine was asked for that function."""
+    reply = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "Weather in Paris?"}],
+        functions=[WEATHER_FUNCTION],
+        function_call={"name": "get_weather"},
+        max_tokens=40,
+        temperature=0,
+    )
+    message = reply.choices[0].message
+    assert not message.tool_calls
+    if message.function_call is not None:
+        assert message.function_call.name == "get_weather"
+        assert reply.choices[0].finish_reason == "function_call"
     else:
         assert message.content is not None
         assert re.match(r'<tool_call>\s*\{"name": "get_weather"', message.content)

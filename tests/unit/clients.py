@@ -11,6 +11,15 @@ from gateway.policy import Policy
 from gateway.state.store import StateStore
 from tests.fakes import Call, FakeUpstream, Scripted
 
+# One pool of one replica (the engine twin stands in for it), served as model `tiny`.
+TINY_POLICY = """\
+version: 1
+pools:
+  chat: {served_model: served-tiny, replicas: [{url: "http://a.test:1"}]}
+models:
+  tiny: {pool: chat}
+"""
+
 
 class OpenGateways:
     """Opens gateways on demand; `close_all` shuts every one down (lifespan included)."""

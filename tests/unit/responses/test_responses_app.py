@@ -14,15 +14,7 @@ from starlette.testclient import TestClient
 from gateway.policy import Policy, parse_policy
 from tests.fakes import Call, FakeUpstream, Scripted
 from tests.openapi_contract import violations
-from tests.unit.clients import OpenGateways
-
-POLICY = """\
-version: 1
-pools:
-  chat: {served_model: served-tiny, replicas: [{url: "http://a.test:1"}]}
-models:
-  tiny: {pool: chat}
-"""
+from tests.unit.clients import TINY_POLICY, OpenGateways
 
 
 def engine(call: Call) -> Scripted:
@@ -55,7 +47,7 @@ def engine(call: Call) -> Scripted:
 
 @pytest.fixture
 def policy(redis_url: str) -> Policy:
-    return parse_policy(POLICY + f"state: {{redis_url: '{redis_url}'}}\n")
+    return parse_policy(TINY_POLICY + f"state: {{redis_url: '{redis_url}'}}\n")
 
 
 @pytest.fixture
