@@ -140,6 +140,20 @@ def conversation_key(body: dict[str, Any], blocks: tuple[int, ...]) -> str | Non
     return f"conv:{blocks[0] & 0xFFFFFFFF:08x}{zlib.crc32(_digest_bytes(messages[start])):08x}"
 
 
+_CLIENT_KEY_CHARS = 200  # a longer key is not a conversation id anyone sends
+
+
+def client_conversation(body: dict[str, Any]) -> str | None:
+    """The conversation an agent names itself, without any header of ours: the OpenAI
+    `prompt_cache_key` (Codex CLI sends its session id there on every request; the
+    Chat Completions and Responses APIs both take it). Prefixed so that it never equals
+    an X-Session-Id."""
+    key = body.get("prompt_cache_key")
+    if isinstance(key, str) and 0 < len(key) <= _CLIENT_KEY_CHARS:
+        return f"pck:{key}"
+    return None
+
+
 _DIGEST_CHARS = 1024
 
 

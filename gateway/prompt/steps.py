@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from gateway.chat.inbound import InboundRequest
 from gateway.policy import Endpoint, Policy
-from gateway.prompt.blocks import conversation_key, request_blocks
+from gateway.prompt.blocks import client_conversation, conversation_key, request_blocks
 from gateway.prompt.canonical import Canonicalizer, Fingerprint, fingerprint
 from gateway.prompt.prefix_watch import FingerprintStore
 from gateway.routing.costs import RouteRequest
@@ -79,12 +79,15 @@ class PrefixSteps:
     ) -> RouteRequest:
         """What replica choice reads: the prefix blocks (cache-aware routing only) in the
         keyspace of the request's cache scope (`seed`), and the conversation the request
-        continues, named or implicit."""
+        continues: named by our header, or by the client's own `prompt_cache_key`, or
+        implicit."""
         blocks: tuple[int, ...] = ()
         if self._prefix_routing and request.endpoint is not Endpoint.embeddings:
             blocks = request_blocks(
                 request.body, self._routing.block_bytes, tools_json, request.messages_json, seed
             )
+            if session is None:
+                session = client_conversation(request.body)
             if session is None and self._routing.implicit_sessions:
                 session = conversation_key(request.body, blocks)
         return RouteRequest(blocks, session, tenant)

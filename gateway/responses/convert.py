@@ -130,6 +130,8 @@ def chat_body(request: dict[str, Any], messages: list[Message], stream: bool) ->
         body["response_format"] = {"type": "json_schema", "json_schema": schema}
     elif text_format.get("type") == "json_object":
         body["response_format"] = {"type": "json_object"}
+    if request.get("prompt_cache_key") is not None:
+        body["prompt_cache_key"] = request["prompt_cache_key"]  # affinity (prompt/blocks.py)
     if stream:
         body["stream"] = True
         body["stream_options"] = {"include_usage": True}
