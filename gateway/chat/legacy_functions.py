@@ -50,9 +50,10 @@ def to_tools(body: dict[str, Any]) -> tuple[dict[str, Any], bool] | None:
     legacy shape; None when it uses none of them."""
     legacy_request = "functions" in body or "function_call" in body
     messages = body.get("messages")
-    legacy_messages = isinstance(messages, list) and any(
+    history: list[Any] = messages if isinstance(messages, list) else []
+    legacy_messages = any(
         isinstance(m, dict) and (m.get("role") == "function" or m.get("function_call") is not None)
-        for m in messages
+        for m in history
     )
     if not legacy_request and not legacy_messages:
         return None
@@ -67,7 +68,7 @@ def to_tools(body: dict[str, Any]) -> tuple[dict[str, Any], bool] | None:
                 )
             out[modern] = translate(body[legacy])
     if legacy_messages:
-        out["messages"] = _messages(messages)  # type: ignore[arg-type]
+        out["messages"] = _messages(history)
     return out, legacy_request
 
 
