@@ -8,7 +8,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: run test check lint typecheck docs docs-serve unit integration engine-env schema engine-validate clean help bench-routing bench-sessions bench-tiers bench-tiers-encoders bench-faults bench-telemetry traces browser phoenix-env frameworks-env bench manifests bench-redis bench-streams
+.PHONY: run test check lint typecheck docs docs-serve unit integration engine-env schema engine-validate clean help bench-routing bench-sessions bench-tiers bench-tiers-encoders bench-faults bench-telemetry traces browser phoenix-env frameworks-env clients-env bench manifests bench-redis bench-streams
 
 help:
 	@echo "make run    - engines + gateway on http://127.0.0.1:8080 (Ctrl-C stops all)"
@@ -88,11 +88,16 @@ browser:
 frameworks-env:
 	@bash tests/frameworks/env.sh
 
+# Claude Code and Codex CLI (npm), driven through the gateway by
+# tests/integration/test_coding_agents.py (cached outside the checkout, keyed by the pins).
+clients-env:
+	@bash tests/clients/env.sh
+
 # Arize Phoenix, the real OTLP trace receiver of the trace tests (cached like vLLM's env).
 phoenix-env:
 	@bash deploy/observability/phoenix-env.sh
 
-test: $(STAMP) engine-env browser phoenix-env frameworks-env check
+test: $(STAMP) engine-env browser phoenix-env frameworks-env clients-env check
 	@$(BIN)/pytest -v --durations=10
 
 MOONCAKE := ../shared/data/mooncake/synthetic_trace.jsonl

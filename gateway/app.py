@@ -211,7 +211,7 @@ def _install_error_handlers(app: FastAPI) -> None:
         record = getattr(request.state, "telemetry", None)
         if record is not None:
             record.error_type = exc.code or exc.error_type
-        return error_response(exc, request_id=request_id(request))
+        return error_response(exc, request_id=request_id(request), path=request.url.path)
 
     async def on_http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)
@@ -225,16 +225,17 @@ def _install_error_handlers(app: FastAPI) -> None:
         else:
             error = InvalidRequest(str(exc.detail))
             error.status = exc.status_code  # type: ignore[misc]
-        return error_response(error, request_id=request_id(request))
+        return error_response(error, request_id=request_id(request), path=request.url.path)
 
     async def on_validation_error(request: Request, exc: Exception) -> Response:
-        return error_response(InvalidRequest(str(exc)), request_id=request_id(request))
+        error = InvalidRequest(str(exc))
+        return error_response(error, request_id=request_id(request), path=request.url.path)
 
     async def on_unexpected(request: Request, exc: Exception) -> Response:
         # A bug, not the client's fault: log it whole, tell the client nothing internal.
         log.exception("unhandled error on %s %s", request.method, request.url.path)
         error = GatewayError("The gateway hit an internal error; it has been logged.")
-        return error_response(error, request_id=request_id(request))
+        return error_response(error, request_id=request_id(request), path=request.url.path)
 
     app.add_exception_handler(GatewayError, on_gateway_error)
     app.add_exception_handler(StarletteHTTPException, on_http_error)

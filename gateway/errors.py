@@ -25,8 +25,11 @@
     +-- BudgetExceeded                  429   insufficient_quota     code=budget_exceeded
 
 Handlers raise these; `error_response` renders any of them in OpenAI's shape
-`{"error": {"message", "type", "param", "code"}}`. Anything else that escapes is a bug and
-is rendered as a 500 without internals (see gateway/app.py).
+`{"error": {"message", "type", "param", "code"}}`, or, on the Anthropic Messages API's
+paths (`/v1/messages...`), in Anthropic's: `{"type": "error", "error": {"type",
+"message"}}` with the type Anthropic gives that status (`anthropic_error_type`). The status
+and headers are the same either way. Anything else that escapes is a bug and is rendered
+as a 500 without internals (see gateway/app.py).
 """
 
 from __future__ import annotations
@@ -82,8 +85,8 @@ class Unauthorized(GatewayError):
 
     def __init__(self) -> None:
         super().__init__(
-            "Missing or invalid API key: send `Authorization: Bearer <key>` with a key this "
-            "gateway accepts.",
+            "Missing or invalid API key: send `Authorization: Bearer <key>` (or `x-api-key: "
+            "<key>`) with a key this gateway accepts.",
             headers={"WWW-Authenticate": "Bearer"},
         )
 
@@ -210,12 +213,52 @@ class UpstreamRejected(GatewayError):
         self.status = status  # type: ignore[misc]
 
 
-def error_response(error: GatewayError, *, request_id: str | None = None) -> Response:
+ANTHROPIC_PREFIX = "/v1/messages"  # the Anthropic Messages API's paths (gateway/anthropic/)
+
+# The error type Anthropic's API gives each status (its SDKs raise by status, and show type
+# and message); any other status is an `api_error`.
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    402: "billing_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    408: "timeout_error",
+    409: "invalid_request_error",
+    413: "request_too_large",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    504: "timeout_error",
+    529: "overloaded_error",
+}
+
+
+def anthropic_error_type(status: int) -> str:
+    return _ANTHROPIC_TYPES.get(status, "api_error")
+
+
+def anthropic_error_body(error: GatewayError, request_id: str | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "type": "error",
+        "error": {"type": anthropic_error_type(error.status), "message": error.message},
+    }
+    if request_id:
+        body["request_id"] = request_id
+    return body
+
+
+def error_response(
+    error: GatewayError, *, request_id: str | None = None, path: str | None = None
+) -> Response:
+    """`path`: the request's; the Messages API's get Anthropic's error shape."""
     headers = dict(error.headers)
     if request_id:
         headers["X-Request-Id"] = request_id
+    anthropic = path is not None and path.startswith(ANTHROPIC_PREFIX)
     return Response(
-        orjson.dumps(error.body()),
+        orjson.dumps(anthropic_error_body(error, request_id) if anthropic else error.body()),
         status_code=error.status,
         media_type="application/json",
         headers=headers,

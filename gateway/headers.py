@@ -9,6 +9,10 @@ OpenAI's own headers (`x-ratelimit-*`, Retry-After: gateway/quota/headers.py) an
 
 from __future__ import annotations
 
+import logging
+
+log = logging.getLogger(__name__)
+
 # Where the request went.
 TIER = "X-Gateway-Tier"
 ROUTE_REASON = "X-Gateway-Route-Reason"
@@ -21,6 +25,8 @@ SESSION = "X-Gateway-Session"
 SESSION_TURN = "X-Gateway-Session-Turn"
 DEGRADED = "X-Gateway-Degraded"
 PREFIX_CHANGE = "X-Gateway-Prefix-Change"
+# What of the request the engine was not sent.
+TOOLS_DROPPED = "X-Gateway-Tools-Dropped"
 # Limits and approvals.
 BUDGET = "X-Gateway-Budget"
 APPROVAL_PENDING = "X-Gateway-Approval-Pending"
@@ -41,6 +47,7 @@ MEANINGS: dict[str, str] = {
     SESSION_TURN: "the turn's number in its session, or `unsaved` when it was not kept",
     DEGRADED: "`checkpoint`: the session store was unreachable, the turn served unsaved",
     PREFIX_CHANGE: "which parts of the prompt prefix changed since the session's last turn",
+    TOOLS_DROPPED: "tools the engine cannot run (hosted or provider-defined), left out",
     BUDGET: "`downgraded`: served over budget by the policy's downgrade model",
     APPROVAL_PENDING: "the approval a held tool call waits for",
     APPROVAL_RELEASED: "the approval whose approved tool call this answer releases",
@@ -59,3 +66,23 @@ def turn_kept(turn_number: int | None) -> dict[str, str]:
     if turn_number:
         return {SESSION_TURN: str(turn_number)}
     return {SESSION_TURN: "unsaved", DEGRADED: "checkpoint"}
+
+
+_HEADER_SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-:")
+
+
+def tools_dropped(names: tuple[str, ...], request_id: str) -> dict[str, str]:
+    """The header naming the tools a request offered that the engine cannot run, and a log
+    line saying so (the Responses and Messages APIs leave them out)."""
+    if not names:
+        return {}
+    value = listed(names)
+    log.info("request %s: tools the engine cannot run left out: %s", request_id, value)
+    return {TOOLS_DROPPED: value}
+
+
+def listed(names: tuple[str, ...] | list[str]) -> str:
+    """Names a client chose, as one header value: comma-separated, each cut to 64
+    characters and anything but letters, digits and `._-:` replaced by `?` (a client's
+    text never writes a header of its own)."""
+    return ",".join("".join(c if c in _HEADER_SAFE else "?" for c in n[:64]) for n in names)

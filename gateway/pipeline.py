@@ -13,6 +13,8 @@ import logging
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import orjson
+
 from gateway import headers as gateway_headers
 from gateway.approvals.gate import ApprovalGate, Guard
 from gateway.chat.inbound import InboundRequest, parse_request
@@ -33,7 +35,7 @@ from gateway.prompt.prefix_watch import FingerprintStore
 from gateway.prompt.steps import PrefixSteps
 from gateway.quota.service import Quota
 from gateway.request_context import RequestContext
-from gateway.resilience.dispatcher import Dispatch, Dispatcher
+from gateway.resilience.dispatcher import Dispatch, Dispatcher, SlotOutcome
 from gateway.resilience.response_cache import ResponseCache, cache_key
 from gateway.routing.costs import RouteRequest
 from gateway.routing.router import ReplicaChoice, Router
@@ -138,6 +140,8 @@ class Pipeline:
         # Each tenant's limits, fallbacks and tiers, merged once (gateway/tenants/settings.py).
         self.tenants = tenants or TenantPolicies(policy)
         self._fleet = fleet
+        # Fields each alias's requests get when they lack them (`models.<alias>.defaults`).
+        self._defaults = {alias: m.defaults for alias, m in policy.models.items() if m.defaults}
         self._dispatcher = dispatcher or Dispatcher(policy, router, upstream, metrics)
         self._prefixes = PrefixSteps(policy, fingerprints, metrics)
         self._metrics = metrics
@@ -159,6 +163,36 @@ class Pipeline:
             return await self._deliver(call, await self._checked(call))
         return await self._deliver(call, await self._send(call))
 
+    async def count_tokens(self, body: dict[str, Any], context: RequestContext) -> int:
+        """How many prompt tokens the engine would see for this chat request: its own
+        tokenizer and chat template, asked (`POST /tokenize`) on the replica the request
+        would be routed to; nothing is generated, no quota is taken, no turn is kept."""
+        call = self._parse(Endpoint.chat, body, context)
+        call = await self._choose_tier(await self._canonicalize(call))
+        assert call.choice is not None and call.route is not None
+        pool, request = call.choice.pool, call.request
+        ask: dict[str, Any] = {
+            k: request.body[k] for k in ("messages", "tools") if k in request.body
+        }
+        ask.update(model=pool.spec.served_model, add_generation_prompt=True)
+        headers = {"Content-Type": "application/json", "X-Request-Id": context.request_id}
+        dispatch = await self._dispatcher.send(
+            pool, request.model, "/tokenize", orjson.dumps(ask), headers, call.route,
+            context.record,
+        )  # fmt: skip
+        outcome: SlotOutcome = "failed"
+        try:
+            answer = orjson.loads(await dispatch.response.read())
+            count = answer.get("count") if isinstance(answer, dict) else None
+            if type(count) is not int:
+                raise UpstreamError("the engine's /tokenize answer has no count")
+            outcome = "ok"
+            return count
+        except orjson.JSONDecodeError as exc:
+            raise UpstreamError("the engine's /tokenize answer is not JSON") from exc
+        finally:
+            dispatch.finish(outcome)
+
     # The steps, in order.
 
     def _parse(
@@ -167,6 +201,10 @@ class Pipeline:
         tenant = self.tenants.of(context.access.name)
         request = parse_request(endpoint, body, tenant.limits)
         self._check_model(request.model, endpoint, context.access)
+        if (defaults := self._defaults.get(request.model)) is not None:
+            missing = {k: v for k, v in defaults.items() if k not in request.body}
+            if missing:
+                request = request.with_body({**request.body, **missing})
         return Call(request, context, tenant)
 
     async def _admit(self, call: Call) -> Call:

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import aiohttp
 from starlette.datastructures import State
 
+from gateway.anthropic.service import MessagesService
 from gateway.approvals.audit import AuditLog
 from gateway.approvals.decisions import Approvals
 from gateway.approvals.gate import ApprovalGate
@@ -50,6 +51,7 @@ from gateway.quota.service import Quota, quota_applies
 from gateway.quota.store import RedisQuotaStore
 from gateway.resilience.dispatcher import Breakers, Dispatcher
 from gateway.resilience.response_cache import RedisResponseCache
+from gateway.responses.compaction import Compactions
 from gateway.responses.records import RedisResponseRecords
 from gateway.responses.service import ResponsesService
 from gateway.routing.build import build_router
@@ -110,6 +112,7 @@ class Runtime:
     checkpoints: RedisCheckpoints
     pipeline: Pipeline
     responses: ResponsesService
+    messages: MessagesService  # the Anthropic Messages API (gateway/anthropic/)
     approvals: Approvals  # the approvals API's (gateway/approvals/)
     # Follows the engines' KV-cache events: routing forgets a cache its engine lost.
     kv_events: KvEventSubscriber | None = None
@@ -157,6 +160,7 @@ class Runtime:
         state.checkpoints = self.checkpoints
         state.pipeline = self.pipeline
         state.responses = self.responses
+        state.messages = self.messages
         state.approvals = self.approvals
 
     def deactivate(self, services: Services) -> None:
@@ -263,8 +267,10 @@ def build_runtime(policy: Policy, services: Services, previous: Runtime | None =
             pipeline,
             checkpoints,
             RedisResponseRecords(redis, ttl_s=policy.sessions.ttl_s),
+            compactions=Compactions(redis, ttl_s=policy.sessions.ttl_s),
             tenants=tenants,
         ),
+        messages=MessagesService(pipeline, tenants=tenants),
         approvals=approvals,
         kv_events=KvEventSubscriber(fleet.all_replicas, router.forget, metrics),
         sharing=sharing,

@@ -1,5 +1,6 @@
 """The API calls agents make on every step (`POST /v1/chat/completions`, `/v1/completions`,
-`/v1/embeddings`, `/v1/responses`), answered in plain ASGI ahead of FastAPI's router.
+`/v1/embeddings`, `/v1/responses`, and Anthropic's `/v1/messages` and
+`/v1/messages/count_tokens`), answered in plain ASGI ahead of FastAPI's router.
 
 Profiling showed FastAPI's router, its dependency solving and its middleware layers
 (each wrapping `send`) cost more per request than the gateway's own pipeline; these
@@ -12,12 +13,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
+from typing import Any
 
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from gateway.anthropic.service import MessagesService
 from gateway.chat.inbound import json_object
 from gateway.chat.legacy_functions import (
     function_call_events,
@@ -43,6 +46,11 @@ _ENDPOINTS = {
     "/v1/embeddings": Endpoint.embeddings,
 }
 _RESPONSES = "/v1/responses"
+_INPUT_TOKENS = "/v1/responses/input_tokens"
+_COMPACT = "/v1/responses/compact"
+_MESSAGES = "/v1/messages"
+_COUNT_TOKENS = "/v1/messages/count_tokens"
+_OWN_SHAPES = frozenset({_RESPONSES, _INPUT_TOKENS, _COMPACT, _MESSAGES, _COUNT_TOKENS})
 STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -54,7 +62,7 @@ class ApiCalls:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path") if scope["type"] == "http" else None
         endpoint = _ENDPOINTS.get(path) if path else None
-        if endpoint is None and path != _RESPONSES:
+        if endpoint is None and path not in _OWN_SHAPES:
             await self.app(scope, receive, send)
             return
         state = scope["state"]
@@ -67,11 +75,15 @@ class ApiCalls:
             access = access_of(state)  # the caller's tenant (gateway/edge/auth.py)
             body = await read_body(request, access.max_body_bytes or self._limit)
             app_state = scope["app"].state
-            if endpoint is None:
+            if path in (_RESPONSES, _INPUT_TOKENS, _COMPACT):
                 responses: ResponsesService = app_state.responses
-                served = await responses.create(body, record, access, identity_of(state))
+                call = {
+                    _RESPONSES: responses.create,
+                    _INPUT_TOKENS: responses.input_tokens,
+                    _COMPACT: responses.compact,
+                }[path]
+                served = await call(body, record, access, identity_of(state))
             else:
-                pipeline: Pipeline = app_state.pipeline
                 headers = request.headers
                 context = RequestContext(
                     request_id=request_id,
@@ -82,20 +94,37 @@ class ApiCalls:
                     access=access,
                     identity=identity_of(state),
                 )
-                if endpoint is Endpoint.chat and may_use_functions(body):
-                    served = await _legacy_functions(pipeline, body, context)
-                else:
-                    served = await pipeline.handle(endpoint, body, context)
+                claude = headers.get("x-claude-code-session-id")
+                served = await _call(app_state, endpoint, str(path), body, context, claude)
             response = render(served)
         except GatewayError as exc:
             record.error_type = exc.code or exc.error_type
-            response = error_response(exc, request_id=request_id)
+            response = error_response(exc, request_id=request_id, path=path)
         except Exception:  # a bug: logged whole, the client told nothing internal
             log.exception("unhandled error on %s %s", scope["method"], path)
             record.error_type = "internal_error"
             error = GatewayError("The gateway hit an internal error; it has been logged.")
-            response = error_response(error, request_id=request_id)
+            response = error_response(error, request_id=request_id, path=path)
         await response(scope, receive, send)
+
+
+async def _call(
+    app_state: Any,
+    endpoint: Endpoint | None,
+    path: str,
+    body: bytes,
+    context: RequestContext,
+    claude_session: str | None,
+) -> Served:
+    if endpoint is None:  # the Anthropic Messages API (gateway/anthropic/)
+        messages: MessagesService = app_state.messages
+        if path == _COUNT_TOKENS:
+            return await messages.count_tokens(body, context, claude_session)
+        return await messages.create(body, context, claude_session)
+    pipeline: Pipeline = app_state.pipeline
+    if endpoint is Endpoint.chat and may_use_functions(body):
+        return await _legacy_functions(pipeline, body, context)
+    return await pipeline.handle(endpoint, body, context)
 
 
 async def _legacy_functions(pipeline: Pipeline, raw: bytes, context: RequestContext) -> Served:

@@ -48,7 +48,7 @@ _RATE_LIMIT_HEADERS = {
 }
 
 
-def _errors(*statuses: int) -> dict[str, Any]:
+def _errors(*statuses: int, shape: str = "Error") -> dict[str, Any]:
     reasons = {
         400: "The request is malformed or over a policy limit (`error.param` names the field).",
         401: "No valid API key (when the policy sets `auth.keys_file`).",
@@ -69,10 +69,19 @@ def _errors(*statuses: int) -> dict[str, Any]:
         str(status): {
             "description": reasons[status],
             **({"headers": _RATE_LIMIT_HEADERS} if status == 429 else {}),
-            **_json_body(ref("Error")),
+            **_json_body(ref(shape)),
         }
         for status in statuses
     }
+
+
+def _anthropic_call(summary: str, request: str, answer: str, *, streams: bool) -> dict[str, Any]:
+    """An operation of the Anthropic Messages API: its errors in Anthropic's shape."""
+    operation = _call(summary, request, answer, streams=streams)
+    operation["post"]["responses"].update(_errors(*_CALL_ERRORS, shape="AnthropicError"))
+    operation["post"]["parameters"] = _SESSION_HEADERS[:1]
+    operation["post"]["security"] = [{"bearer": []}, {"x-api-key": []}]
+    return operation
 
 
 _SESSION_PATTERN = "^[A-Za-z0-9._:@/+=-]{1,200}$"
@@ -165,6 +174,28 @@ def _paths() -> dict[str, Any]:
     }
     paths: dict[str, Any] = {path: _with_errors(op, _CALL_ERRORS) for path, op in calls.items()}
     paths["/v1/responses"]["post"]["parameters"] = []  # sessions come from previous_response_id
+    paths["/v1/responses/input_tokens"] = _with_errors(
+        _call(
+            "Count a response's input tokens", "InputTokensRequest", "InputTokenCount",
+            streams=False,
+        ),
+        _CALL_ERRORS,
+    )  # fmt: skip
+    paths["/v1/responses/input_tokens"]["post"]["parameters"] = []
+    paths["/v1/responses/compact"] = _with_errors(
+        _call("Compact a conversation", "CompactRequest", "CompactedResponse", streams=False),
+        _CALL_ERRORS,
+    )
+    paths["/v1/responses/compact"]["post"]["parameters"] = []
+    paths["/v1/messages"] = _anthropic_call(
+        "Create a message (Anthropic)", "MessageRequest", "Message", streams=True
+    )
+    paths["/v1/messages/count_tokens"] = _anthropic_call(
+        "Count a message's tokens (Anthropic)",
+        "MessageCountTokensRequest",
+        "MessageTokensCount",
+        streams=False,
+    )
     response_id = _path_id("response_id", "The id a created response answered with.")
     turn = {"name": "turn", "in": "path", "required": True, "schema": {"type": "integer"}}
     handle = _path_id("handle", "`m<message index>`, as compaction names an elided result.")
@@ -277,7 +308,8 @@ def openapi_document() -> dict[str, Any]:
             "version": "1",
             "description": "OpenAI-compatible gateway for agent pipelines in front of vLLM. "
             "Every error is OpenAI's shape: "
-            '`{"error": {"message", "type", "param", "code"}}`.',
+            '`{"error": {"message", "type", "param", "code"}}`, but on the Anthropic Messages '
+            'API (`/v1/messages...`): `{"type": "error", "error": {"type", "message"}}`.',
         },
         "servers": [{"url": "/"}],
         "security": [{"bearer": []}],
@@ -287,6 +319,7 @@ def openapi_document() -> dict[str, Any]:
             "schemas": {**SCHEMAS, **openapi_admin.SCHEMAS},
             "securitySchemes": {
                 "bearer": {"type": "http", "scheme": "bearer"},
+                "x-api-key": {"type": "apiKey", "in": "header", "name": "x-api-key"},
                 openapi_admin.SCHEME: openapi_admin.SECURITY_SCHEME,
             },
         },

@@ -140,7 +140,11 @@ SCHEMAS: dict[str, Any] = {
             "models": {**_STRINGS, "type": ["array", "null"], "description": "null: all."},
             "tiers": {**_STRINGS, "type": ["array", "null"], "description": "null: all."},
             "capture_content": {"type": "boolean"},
-            "limits": {"type": "object", "additionalProperties": {"type": "integer"}},
+            "limits": {
+                "type": "object",
+                "properties": {"hosted_tools": {"enum": ["drop", "refuse"]}},
+                "additionalProperties": {"type": "integer"},
+            },
             "trimming": {
                 "type": "object",
                 "required": ["enabled", "high_water_tokens", "low_water_tokens"],

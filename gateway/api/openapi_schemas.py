@@ -265,6 +265,49 @@ SCHEMAS: dict[str, Any] = {
             },
         },
     },
+    "InputTokensRequest": {
+        "type": "object",
+        "description": "A Responses API request to count, not run: `input` may be left out.",
+        "required": ["model"],
+        "properties": {
+            "model": {"type": "string", "minLength": 1},
+            "input": {"type": ["string", "array"]},
+            "instructions": {"type": ["string", "null"]},
+            "previous_response_id": {"type": ["string", "null"]},
+            "tools": {"type": "array", "items": {"type": "object"}},
+        },
+    },
+    "CompactRequest": {
+        "type": "object",
+        "description": "The conversation to compact: `input` items (a compaction item among "
+        "them is expanded first), after `previous_response_id`'s history if given.",
+        "required": ["model", "input"],
+        "properties": {
+            "model": {"type": "string", "minLength": 1},
+            "input": {"type": ["string", "array"]},
+            "instructions": {"type": ["string", "null"]},
+            "previous_response_id": {"type": ["string", "null"]},
+        },
+    },
+    "CompactedResponse": {
+        "type": "object",
+        "required": ["id", "object", "created_at", "output", "usage"],
+        "properties": {
+            "id": {"type": "string"},
+            "object": {"const": "response.compaction"},
+            "created_at": {"type": "integer"},
+            "output": {"type": "array", "items": {"type": "object"}},
+            "usage": {"type": "object"},
+        },
+    },
+    "InputTokenCount": {
+        "type": "object",
+        "required": ["object", "input_tokens"],
+        "properties": {
+            "object": {"const": "response.input_tokens"},
+            "input_tokens": {"type": "integer"},
+        },
+    },
     "Response": {
         "type": "object",
         "required": ["id", "object", "created_at", "status", "model", "output"],
@@ -360,6 +403,116 @@ SCHEMAS: dict[str, Any] = {
         "description": "One event: `data` is a JSON chunk, or `[DONE]` at the end.",
         "required": ["data"],
         "properties": {"event": {"type": "string"}, "data": {"type": "string"}},
+    },
+    # The Anthropic Messages API (gateway/anthropic/): Anthropic's published shapes in the
+    # fields the gateway reads.
+    "AnthropicError": {
+        "type": "object",
+        "required": ["type", "error"],
+        "properties": {
+            "type": {"const": "error"},
+            "error": {
+                "type": "object",
+                "required": ["type", "message"],
+                "properties": {"type": {"type": "string"}, "message": {"type": "string"}},
+            },
+            "request_id": {"type": "string"},
+        },
+    },
+    "MessageRequest": {
+        "type": "object",
+        "description": "Anthropic's Messages API request: text, base64 images, client tools.",
+        "required": ["model", "max_tokens", "messages"],
+        "properties": {
+            "model": {"type": "string", "minLength": 1},
+            "max_tokens": {**MAX_TOKENS, "type": "integer"},
+            "messages": {"$ref": "#/components/schemas/AnthropicMessages"},
+            "system": {"type": ["string", "array"]},
+            "stream": {"type": "boolean"},
+            "stop_sequences": {"type": "array", "items": {"type": "string"}},
+            "temperature": {"type": "number", "minimum": 0, "maximum": 1},
+            "top_p": {"type": "number", "minimum": 0, "maximum": 1},
+            "top_k": {"type": "integer", "minimum": 0},
+            "metadata": {"type": "object", "properties": {"user_id": {"type": "string"}}},
+            "tools": {"$ref": "#/components/schemas/AnthropicTools"},
+            "tool_choice": {
+                "type": "object",
+                "required": ["type"],
+                "properties": {
+                    "type": {"enum": ["auto", "any", "tool", "none"]},
+                    "name": {"type": "string"},
+                    "disable_parallel_tool_use": {"type": "boolean"},
+                },
+            },
+            "thinking": {
+                "type": "object",
+                "required": ["type"],
+                "properties": {"type": {"enum": ["enabled", "disabled", "adaptive"]}},
+            },
+        },
+    },
+    "MessageCountTokensRequest": {
+        "type": "object",
+        "required": ["model", "messages"],
+        "properties": {
+            "model": {"type": "string", "minLength": 1},
+            "messages": {"$ref": "#/components/schemas/AnthropicMessages"},
+            "system": {"type": ["string", "array"]},
+            "tools": {"$ref": "#/components/schemas/AnthropicTools"},
+        },
+    },
+    "AnthropicMessages": {
+        "type": "array",
+        "description": "At most `limits.max_messages` messages.",
+        "items": {
+            "type": "object",
+            "required": ["role", "content"],
+            "properties": {
+                "role": {"enum": ["user", "assistant"]},
+                "content": {"type": ["string", "array"]},
+            },
+        },
+    },
+    "AnthropicTools": {
+        "type": "array",
+        "items": {
+            "type": "object",
+            "required": ["name"],
+            "properties": {
+                "name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"},
+                "description": {"type": "string"},
+                "input_schema": {"type": "object"},
+                "type": {"type": "string"},
+            },
+        },
+    },
+    "Message": {
+        "type": "object",
+        "required": ["id", "type", "role", "model", "content", "stop_reason", "usage"],
+        "properties": {
+            "id": {"type": "string"},
+            "type": {"const": "message"},
+            "role": {"const": "assistant"},
+            "model": {"type": "string"},
+            "content": {"type": "array", "items": {"type": "object"}},
+            "stop_reason": {"enum": ["end_turn", "max_tokens", "stop_sequence", "tool_use"]},
+            "stop_sequence": {"type": ["string", "null"]},
+            "usage": {
+                "type": "object",
+                "required": ["input_tokens", "output_tokens"],
+                "properties": {
+                    "input_tokens": {"type": "integer"},
+                    "output_tokens": {"type": "integer"},
+                    "cache_read_input_tokens": {"type": "integer"},
+                    "cache_creation_input_tokens": {"type": "integer"},
+                },
+            },
+        },
+    },
+    "MessageTokensCount": {
+        "type": "object",
+        "required": ["input_tokens"],
+        "properties": {"input_tokens": {"type": "integer"}},
     },
     "Status": {
         "type": "object",

@@ -119,3 +119,13 @@ async def chat_events(
             if since_pause >= _EVENTS_PER_PAUSE:
                 since_pause = 0
                 await asyncio.sleep(0)
+
+
+def first_choice(chunk: dict[str, Any]) -> dict[str, Any] | None:
+    """The chunk's choice of index 0: the one answer a converter to another API's events
+    re-tells (those APIs have no `n`)."""
+    for choice in chunk.get("choices") or ():
+        if choice.get("index", 0) == 0:
+            found: dict[str, Any] = choice
+            return found
+    return None

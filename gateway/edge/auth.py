@@ -57,6 +57,9 @@ def _is_admin(path: str) -> bool:
 
 
 def _bearer(scope: Scope) -> bytes | None:
+    """The key: `Authorization: Bearer <key>` (OpenAI's clients, Claude Code with
+    ANTHROPIC_AUTH_TOKEN), else `x-api-key: <key>` (Anthropic's SDKs)."""
+    api_key: bytes | None = None
     for name, value in scope["headers"]:
         if name == b"authorization":
             raw: bytes = value
@@ -65,7 +68,9 @@ def _bearer(scope: Scope) -> bytes | None:
             if scheme.lower() != b"bearer" or not token:
                 return None
             return token
-    return None
+        if name == b"x-api-key":
+            api_key = value.strip() or None
+    return api_key
 
 
 class ApiKeyAuth:
@@ -119,5 +124,5 @@ class ApiKeyAuth:
         record = state.get("telemetry")
         if record is not None:
             record.error_type = error.code or error.error_type
-        response = error_response(error, request_id=state.get("request_id"))
+        response = error_response(error, request_id=state.get("request_id"), path=scope["path"])
         await response(scope, receive, send)

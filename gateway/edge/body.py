@@ -67,7 +67,9 @@ class BodyLimit:
                 raise _too_large(limit)
         except GatewayError as exc:
             request_id = scope.get("state", {}).get("request_id")
-            await error_response(exc, request_id=request_id)(scope, receive, send)
+            await error_response(exc, request_id=request_id, path=scope["path"])(
+                scope, receive, send
+            )
             return
         received = 0
 

@@ -32,6 +32,10 @@ _OPERATIONS = {
     "/v1/completions": "completions",
     "/v1/embeddings": "embeddings",
     "/v1/responses": "responses",
+    "/v1/responses/input_tokens": "count_tokens",
+    "/v1/responses/compact": "compact",
+    "/v1/messages": "messages",  # Anthropic's (gateway/anthropic/)
+    "/v1/messages/count_tokens": "count_tokens",
 }
 
 

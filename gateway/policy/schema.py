@@ -8,7 +8,7 @@ reload (gateway/reload.py).
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, Field, model_validator
@@ -111,6 +111,12 @@ class LimitsSpec(Strict):
         description="Highest `max_tokens` / `max_completion_tokens` (`max_output_tokens` "
         "in the Responses API) a request may ask for; higher gets 400 max_tokens_too_large. "
         "The engine still enforces its own context length below this.",
+    )
+    hosted_tools: Literal["drop", "refuse"] = Field(
+        "drop",
+        description="Tools the engine cannot run (the Responses API's hosted `web_search`, "
+        "`file_search`, `code_interpreter`, ...; Anthropic's server tools): left out of what "
+        "the engine sees and named in X-Gateway-Tools-Dropped, or refused with 400.",
     )
     max_n: int = Field(
         16,
@@ -463,11 +469,20 @@ class ModelSpec(Strict):
         description="Model aliases tried in order when this one cannot answer (every "
         "replica down, open or full, or failing after retries); reported in X-Gateway-Fallback.",
     )
+    defaults: dict[str, Any] = Field(
+        {},
+        description="Request fields set when a request to this alias does not send them "
+        "(e.g. `temperature`, `stop`): for clients whose requests cannot be configured. "
+        "Not `model`, `messages`, `stream` or `tools`.",
+    )
 
     @model_validator(mode="after")
     def _pool_or_tiering(self) -> ModelSpec:
         if (self.pool is None) == (self.tiering is None):
             raise ValueError("give exactly one of `pool` (a fixed model) or `tiering` (routable)")
+        reserved = {"model", "messages", "prompt", "input", "stream", "tools"} & set(self.defaults)
+        if reserved:
+            raise ValueError(f"`defaults` cannot set {', '.join(sorted(reserved))}")
         return self
 
 

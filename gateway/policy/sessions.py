@@ -49,10 +49,12 @@ class StateSpec(Strict):
 
 class SessionsSpec(Strict):
     enabled: bool = Field(True, description="Checkpoint every turn of a keyed session in Redis.")
-    key_from: tuple[Literal["header", "metadata", "user"], ...] = Field(
+    key_from: tuple[Literal["header", "metadata", "user", "client"], ...] = Field(
         ("header",),
         description="Where a session key is read, first found wins: the X-Session-Id header, "
-        "`metadata.session_id`, or the `user` field.",
+        "`metadata.session_id`, the `user` field, or `client`: the conversation id a client "
+        "sends of its own accord (`prompt_cache_key`: Codex CLI's session; Claude Code's, "
+        "from `metadata.user_id`).",
     )
     ttl_s: int = Field(
         7 * 86_400,

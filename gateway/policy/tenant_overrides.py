@@ -15,7 +15,7 @@ runtime objects from these, once per policy.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 from pydantic import BaseModel, Field
 
@@ -36,6 +36,9 @@ class LimitsOverride(Strict):
     max_json_depth: int | None = Field(None, ge=8, le=128, description="Deepest nesting.")
     max_tokens: int | None = Field(None, ge=1, description="Highest `max_tokens` asked for.")
     max_n: int | None = Field(None, ge=1, description="Highest `n` (choices) asked for.")
+    hosted_tools: Literal["drop", "refuse"] | None = Field(
+        None, description="Tools the engine cannot run: left out, or refused with 400."
+    )
 
 
 class TrimmingOverride(Strict):

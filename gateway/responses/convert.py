@@ -3,8 +3,9 @@
 Input items become chat messages (consecutive `function_call` items one assistant message
 with several tool calls; `function_call_output` a tool message); function tools and
 `tool_choice` are rewritten; the engine's chat completion becomes a Response object whose
-output is a message item and/or function_call items. Anything the engine cannot do (built-in
-tools, item references) is refused with a 400 naming the field.
+output is a message item and/or function_call items (and the engine's reasoning, where it
+has a reasoning parser, as a reasoning item). Tools: gateway/responses/tools.py. Item
+references are refused with a 400 naming the field.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 from gateway.chat.messages import Message
 from gateway.errors import InvalidRequest
+from gateway.responses.tools import NO_TOOLS, EngineTools, engine_name
 
 _ROLES = {"user", "assistant", "system", "developer"}
 
@@ -37,7 +39,9 @@ def _text_of(content: Any, param: str) -> str:
     raise InvalidRequest("Message content must be a string or a list of parts.", param=param)
 
 
-def input_messages(items: Any) -> list[Message]:
+def input_messages(items: Any, compacted: dict[int, list[Message]] | None = None) -> list[Message]:
+    """`compacted`: the messages each `compaction` item stands for, by its index
+    (gateway/responses/compaction.py)."""
     if isinstance(items, str):
         return [{"role": "user", "content": items}]
     if not isinstance(items, list):
@@ -58,7 +62,10 @@ def input_messages(items: Any) -> list[Message]:
             call = {
                 "id": str(item.get("call_id") or item.get("id") or ""),
                 "type": "function",
-                "function": {"name": item.get("name"), "arguments": item.get("arguments") or ""},
+                "function": {
+                    "name": engine_name(item.get("namespace"), item.get("name")),
+                    "arguments": item.get("arguments") or "",
+                },
             }
             last = messages[-1] if messages else None
             if last and last["role"] == "assistant" and "tool_calls" in last:
@@ -74,6 +81,8 @@ def input_messages(items: Any) -> list[Message]:
             })  # fmt: skip
         elif kind == "reasoning":
             continue  # the engine's own reasoning is not replayed to it
+        elif kind == "compaction" and compacted is not None and i in compacted:
+            messages.extend(compacted[i])
         else:
             raise InvalidRequest(
                 f"Input items of type `{kind}` are not supported by this gateway.",
@@ -81,26 +90,6 @@ def input_messages(items: Any) -> list[Message]:
                 code="unsupported_item",
             )
     return messages
-
-
-def chat_tools(tools: Any) -> list[dict[str, Any]] | None:
-    if tools is None:
-        return None
-    if not isinstance(tools, list):
-        raise InvalidRequest("`tools` must be a list.", param="tools")
-    out = []
-    for i, tool in enumerate(tools):
-        if not isinstance(tool, dict) or tool.get("type") != "function":
-            kind = tool.get("type") if isinstance(tool, dict) else None
-            raise InvalidRequest(
-                f"Only function tools are supported (got `{kind}`).",
-                param=f"tools[{i}].type",
-                code="unsupported_tool",
-            )
-        keys = ("name", "description", "parameters", "strict")
-        function = {k: tool[k] for k in keys if k in tool}
-        out.append({"type": "function", "function": function})
-    return out or None
 
 
 def chat_tool_choice(choice: Any) -> Any:
@@ -111,11 +100,12 @@ def chat_tool_choice(choice: Any) -> Any:
     raise InvalidRequest("Unsupported `tool_choice`.", param="tool_choice")
 
 
-def chat_body(request: dict[str, Any], messages: list[Message], stream: bool) -> dict[str, Any]:
+def chat_body(
+    request: dict[str, Any], messages: list[Message], stream: bool, tools: EngineTools = NO_TOOLS
+) -> dict[str, Any]:
     body: dict[str, Any] = {"model": request["model"], "messages": messages}
-    tools = chat_tools(request.get("tools"))
-    if tools:
-        body["tools"] = tools
+    if tools.tools:
+        body["tools"] = tools.tools
         if request.get("tool_choice") is not None:
             body["tool_choice"] = chat_tool_choice(request["tool_choice"])
         if request.get("parallel_tool_calls") is not None:
@@ -156,8 +146,13 @@ def usage_of(chat_usage: dict[str, Any] | None) -> dict[str, Any] | None:
     }
 
 
-def output_items(response_id: str, message: Message) -> list[dict[str, Any]]:
+def output_items(
+    response_id: str, message: Message, tools: EngineTools = NO_TOOLS
+) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = []
+    reasoning = message.get("reasoning_content") or message.get("reasoning")
+    if isinstance(reasoning, str) and reasoning:  # the engine's, from its reasoning parser
+        items.append(reasoning_item(response_id, reasoning))
     content = message.get("content")
     if content:
         items.append(message_item(response_id, str(content)))
@@ -167,11 +162,30 @@ def output_items(response_id: str, message: Message) -> list[dict[str, Any]]:
             "type": "function_call",
             "id": f"fc_{response_id[5:]}_{i}",
             "call_id": call.get("id") or f"call_{response_id[5:]}_{i}",
-            "name": function.get("name") or "",
+            **tools.item_name(str(function.get("name") or "")),
             "arguments": function.get("arguments") or "",
             "status": "completed",
         })  # fmt: skip
     return items
+
+
+def reasoning_item(response_id: str, text: str) -> dict[str, Any]:
+    """The engine's reasoning as a summary; nothing is encrypted (there is no key), so
+    `encrypted_content` is null even when `include` asks for it."""
+    return {
+        "type": "reasoning",
+        "id": f"rs_{response_id[5:]}",
+        "summary": [{"type": "summary_text", "text": text}],
+        "encrypted_content": None,
+    }
+
+
+def developer_item(message: Message) -> dict[str, Any]:
+    """A leading system / developer message, given back as the input item it came as."""
+    content = message.get("content")
+    text = content if isinstance(content, str) else _text_of(content, "input")
+    return {"type": "message", "role": "developer",
+            "content": [{"type": "input_text", "text": text}]}  # fmt: skip
 
 
 def message_item(response_id: str, text: str, status: str = "completed") -> dict[str, Any]:

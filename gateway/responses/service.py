@@ -12,6 +12,7 @@ any gateway replica at once.
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from dataclasses import replace
@@ -19,6 +20,7 @@ from typing import Any
 
 import orjson
 
+from gateway import headers as gateway_headers
 from gateway.chat.inbound import (
     check_array_length,
     check_depth,
@@ -33,8 +35,10 @@ from gateway.pipeline import Pipeline
 from gateway.policy import Endpoint
 from gateway.policy.schema import LimitsSpec
 from gateway.request_context import RequestContext
+from gateway.responses.compaction import Compactions, compact
 from gateway.responses.convert import (
     chat_body,
+    developer_item,
     input_messages,
     output_items,
     response_object,
@@ -42,12 +46,17 @@ from gateway.responses.convert import (
 )
 from gateway.responses.records import ResponseRecords
 from gateway.responses.stream import ConvertedStream, ResponseEvents
+from gateway.responses.tools import EngineTools, engine_tools
 from gateway.sessions.checkpoints import history
 from gateway.sessions.ids import SessionRef
 from gateway.sessions.store import CheckpointStore, fork_to_new_id
 from gateway.telemetry.record import RequestRecord
 from gateway.tenants.identity import DEFAULT_TENANT, OPEN_ACCESS, Identity, TenantAccess
 from gateway.tenants.settings import TenantPolicies
+from gateway.trimming.conversation import prefix_length
+from gateway.trimming.tokens import TokenCounter, token_counter
+
+log = logging.getLogger(__name__)
 
 
 class ResponsesService:
@@ -57,14 +66,18 @@ class ResponsesService:
         checkpoints: CheckpointStore,
         records: ResponseRecords,
         *,
+        compactions: Compactions | None = None,
         tenants: TenantPolicies | None = None,
     ) -> None:
         """`tenants`: each tenant's limits (gateway/tenants/settings.py); unset: the
-        pipeline's."""
+        pipeline's. `compactions`: where compacted conversations are kept (without it,
+        compaction items are refused)."""
         self._pipeline = pipeline
         self._checkpoints = checkpoints
         self._records = records
+        self._compactions = compactions
         self._tenants = tenants or pipeline.tenants
+        self._counters: dict[str | None, TokenCounter] = {}  # by tokenizer file, loaded once
 
     async def create(
         self,
@@ -77,22 +90,14 @@ class ResponsesService:
         can continue (another tenant's `previous_response_id` is 404). `identity`: the
         caller's key (its rate limits)."""
         tenant = access.name
-        request = _parse(raw, self._tenants.of(tenant).limits)
+        limits = self._tenants.of(tenant).limits
+        request = _parse(raw, limits)
         response_id = f"resp_{uuid.uuid4().hex}"
         created_at = int(time.time())
         store = request.get("store", True) is not False
-        session, past = await self._continue_from(
-            request.get("previous_response_id"), tenant, branch=store
-        )
-        instructions = request.get("instructions")
-        if instructions is not None and not isinstance(instructions, str):
-            raise InvalidRequest("`instructions` must be a string.", param="instructions")
-        messages: list[Message] = (
-            [{"role": "system", "content": instructions}] if instructions else []
-        )
-        messages += past + input_messages(request.get("input"))
+        session, messages, tools = await self._conversation(request, limits, tenant, branch=store)
         stream = bool(request.get("stream"))
-        body = chat_body(request, messages, stream)
+        body = chat_body(request, messages, stream, tools)
         context = RequestContext(
             request_id=response_id,
             session=(session or SessionRef(tenant, response_id)) if store else None,
@@ -101,10 +106,12 @@ class ResponsesService:
             identity=identity,
         )
         served = await self._pipeline.handle(Endpoint.chat, body, context)
+        if dropped := gateway_headers.tools_dropped(tools.dropped, response_id):
+            served = replace(served, headers={**served.headers, **dropped})
         record_base = {
             "session": context.session.id if context.session else None,
             "request_id": response_id,
-            "instructions": bool(instructions),
+            "instructions": bool(request.get("instructions")),
         }
 
         async def keep(response: dict[str, Any]) -> None:
@@ -113,7 +120,7 @@ class ResponsesService:
                 await self._records.put(response_id, kept, tenant=tenant)
 
         if served.stream is not None:  # relayed, or replayed after checks
-            events = ResponseEvents(response_id, request, created_at, keep)
+            events = ResponseEvents(response_id, request, created_at, keep, tools)
             return replace(served, stream=ConvertedStream(events, served.stream))
         completion = served.completion()
         choice = (completion.get("choices") or [{}])[0]
@@ -122,12 +129,99 @@ class ResponsesService:
             request,
             status="completed",
             created_at=created_at,
-            output=output_items(response_id, choice.get("message") or {}),
+            output=output_items(response_id, choice.get("message") or {}, tools),
             usage=usage_of(completion.get("usage")),
             finish_reason=choice.get("finish_reason"),
         )
         await keep(response)
         return Served(served.headers, orjson.dumps(response))
+
+    async def input_tokens(
+        self,
+        raw: bytes,
+        record: RequestRecord,
+        access: TenantAccess = OPEN_ACCESS,
+        identity: Identity | None = None,
+    ) -> Served:
+        """`POST /v1/responses/input_tokens`: how many prompt tokens the engine would see
+        for this request (its history from `previous_response_id` included), counted by
+        the engine's own tokenizer and chat template; nothing generated, nothing kept."""
+        limits = self._tenants.of(access.name).limits
+        request = _parse(raw, limits, require_input=False)
+        _, messages, tools = await self._conversation(request, limits, access.name, branch=False)
+        body = chat_body(request, messages, False, tools)
+        context = RequestContext(
+            request_id=f"count_{uuid.uuid4().hex}",
+            record=record,
+            access=access,
+            identity=identity,
+        )
+        count = await self._pipeline.count_tokens(body, context)
+        answer = {"object": "response.input_tokens", "input_tokens": count}
+        return Served(
+            gateway_headers.tools_dropped(tools.dropped, context.request_id), orjson.dumps(answer)
+        )
+
+    async def compact(
+        self,
+        raw: bytes,
+        record: RequestRecord,
+        access: TenantAccess = OPEN_ACCESS,
+        identity: Identity | None = None,
+    ) -> Served:
+        """`POST /v1/responses/compact` (gateway/responses/compaction.py): the leading
+        developer messages as they were, then one compaction item for the rest."""
+        tenant = access.name
+        settings = self._tenants.of(tenant)
+        request = _parse(raw, settings.limits)
+        if self._compactions is None:
+            raise InvalidRequest("Compaction needs the state store.", code="unsupported")
+        _, messages, _ = await self._conversation(request, settings.limits, tenant, branch=False)
+        spec = settings.trimming
+        if spec.tokenizer not in self._counters:
+            self._counters[spec.tokenizer] = token_counter(spec.tokenizer)
+        trimmed = compact(messages, spec, self._counters[spec.tokenizer])
+        start = prefix_length(trimmed.messages)
+        content = await self._compactions.put(tenant, trimmed.messages[start:])
+        own = 1 if request.get("instructions") else 0  # the instructions: sent every time
+        output = [developer_item(m) for m in trimmed.messages[own:start]]
+        output.append({"type": "compaction", "id": f"cmp_{content[-32:]}",
+                       "encrypted_content": content})  # fmt: skip
+        log.info(
+            "compacted %d messages to %d (%d history tokens, %d saved)",
+            len(messages), len(trimmed.messages), trimmed.history_tokens, trimmed.saved_tokens,
+        )  # fmt: skip
+        # Usage in the trimming tokenizer's counts: the history before, and after.
+        before = trimmed.history_tokens + trimmed.saved_tokens
+        usage = {"prompt_tokens": before, "completion_tokens": trimmed.history_tokens}
+        compacted = {
+            "id": f"resp_{uuid.uuid4().hex}",
+            "object": "response.compaction",
+            "created_at": int(time.time()),
+            "output": output,
+            "usage": usage_of(usage),
+        }
+        return Served({}, orjson.dumps(compacted))
+
+    async def _conversation(
+        self, request: dict[str, Any], limits: LimitsSpec, tenant: str, *, branch: bool
+    ) -> tuple[SessionRef | None, list[Message], EngineTools]:
+        """The session continued, the whole conversation as chat messages (instructions,
+        the stored history, the new input), and the tools as the engine takes them."""
+        session, past = await self._continue_from(
+            request.get("previous_response_id"), tenant, branch=branch
+        )
+        instructions = request.get("instructions")
+        if instructions is not None and not isinstance(instructions, str):
+            raise InvalidRequest("`instructions` must be a string.", param="instructions")
+        messages: list[Message] = (
+            [{"role": "system", "content": instructions}] if instructions else []
+        )
+        items = request.get("input") or []
+        compacted = await self._compactions.hydrate(items, tenant) if self._compactions else {}
+        messages += past + input_messages(items, compacted)
+        tools = engine_tools(request.get("tools"), refuse_hosted=limits.hosted_tools == "refuse")
+        return session, messages, tools
 
     async def get(self, response_id: str, tenant: str = DEFAULT_TENANT) -> dict[str, Any]:
         record = await self._records.get(response_id, tenant=tenant)
@@ -178,12 +272,12 @@ def _not_found(response_id: str, param: str) -> NotFound:
     )
 
 
-def _parse(raw: bytes, limits: LimitsSpec) -> dict[str, Any]:
+def _parse(raw: bytes, limits: LimitsSpec, *, require_input: bool = True) -> dict[str, Any]:
     """The client's own request, held to the policy's limits under the Responses API's
     names (the chat request it becomes also carries the session's history, which the
     pipeline's check counts too)."""
     request = json_object(raw)
-    for name in ("model", "input"):
+    for name in ("model", "input") if require_input else ("model",):
         if request.get(name) is None:
             raise InvalidRequest(
                 f"Missing required parameter: '{name}'.",
@@ -192,6 +286,13 @@ def _parse(raw: bytes, limits: LimitsSpec) -> dict[str, Any]:
             )
     if not isinstance(request["model"], str):
         raise InvalidRequest("`model` must be a string.", param="model")
+    if request.get("conversation") is not None:  # silently dropped, its history would be lost
+        raise InvalidRequest(
+            "Conversation objects are not kept by this gateway: continue with "
+            "`previous_response_id`, or send the whole input.",
+            param="conversation",
+            code="unsupported_parameter",
+        )
     text = request.get("text")
     if text is not None and not (isinstance(text, dict) and _object_or_none(text.get("format"))):
         raise InvalidRequest(

@@ -16,9 +16,10 @@ from typing import Any
 import orjson
 
 from gateway.chat.conformance import NotAnAnswer, check_shape
-from gateway.chat.stream import DONE, chunks_of
+from gateway.chat.stream import DONE, chunks_of, first_choice
 from gateway.delivery.served import EventStream
-from gateway.responses.convert import message_item, response_object, usage_of
+from gateway.responses.convert import message_item, reasoning_item, response_object, usage_of
+from gateway.responses.tools import NO_TOOLS, EngineTools
 
 
 class ResponseEvents:
@@ -28,8 +29,10 @@ class ResponseEvents:
         request: dict[str, Any],
         created_at: int,
         on_complete: Callable[[dict[str, Any]], Awaitable[None]],
+        tools: EngineTools = NO_TOOLS,
     ) -> None:
         self._id = response_id
+        self._tools = tools
         self._request = request
         self._created_at = created_at
         self._on_complete = on_complete
@@ -37,6 +40,8 @@ class ResponseEvents:
         self._outputs = 0
         self._text: list[str] = []
         self._message_index: int | None = None
+        self._reasoning: list[str] = []  # the engine's reasoning (with a reasoning parser)
+        self._reasoning_index: int | None = None
         self._calls: dict[int, dict[str, Any]] = {}  # chat tool-call index -> item state
         self._usage: dict[str, Any] | None = None
         self._finish_reason: str | None = None
@@ -90,18 +95,67 @@ class ResponseEvents:
         events: list[bytes] = []
         if isinstance(chunk.get("usage"), dict):
             self._usage = chunk["usage"]
-        for choice in chunk.get("choices") or ():
-            if choice.get("index", 0) != 0:
-                continue
+        choice = first_choice(chunk)
+        if choice is not None:
             if choice.get("finish_reason"):
                 self._finish_reason = choice["finish_reason"]
             delta = choice.get("delta") or {}
+            reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+            if isinstance(reasoning, str) and reasoning:
+                events += self._reasoning_delta(reasoning)
             text = delta.get("content")
             if isinstance(text, str) and text:
                 events += self._text_delta(text)
             for call in delta.get("tool_calls") or ():
                 events += self._call_delta(call)
         return events
+
+    def _reasoning_delta(self, text: str) -> list[bytes]:
+        """The engine's reasoning as a reasoning item's one summary part, as it comes."""
+        events = []
+        item_id = f"rs_{self._id[5:]}"
+        if self._reasoning_index is None:
+            self._reasoning_index = self._outputs
+            self._outputs += 1
+            item = {**reasoning_item(self._id, ""), "summary": []}
+            events.append(
+                self._event(
+                    "response.output_item.added", output_index=self._reasoning_index, item=item
+                )
+            )
+            events.append(
+                self._event(
+                    "response.reasoning_summary_part.added",
+                    item_id=item_id,
+                    output_index=self._reasoning_index,
+                    summary_index=0,
+                    part={"type": "summary_text", "text": ""},
+                )
+            )
+        self._reasoning.append(text)
+        events.append(
+            self._event(
+                "response.reasoning_summary_text.delta",
+                item_id=item_id,
+                output_index=self._reasoning_index,
+                summary_index=0,
+                delta=text,
+            )
+        )
+        return events
+
+    def _reasoning_done(self) -> tuple[list[bytes], dict[str, Any] | None]:
+        if self._reasoning_index is None:
+            return [], None
+        text = "".join(self._reasoning)
+        item = reasoning_item(self._id, text)
+        common = {"item_id": item["id"], "output_index": self._reasoning_index, "summary_index": 0}
+        events = [
+            self._event("response.reasoning_summary_text.done", **common, text=text),
+            self._event("response.reasoning_summary_part.done", **common, part=item["summary"][0]),
+            self._event("response.output_item.done", output_index=self._reasoning_index, item=item),
+        ]
+        return events, item
 
     def _text_delta(self, text: str) -> list[bytes]:
         events = []
@@ -157,7 +211,7 @@ class ResponseEvents:
                 self._event(
                     "response.output_item.added",
                     output_index=state["output_index"],
-                    item=_item(state),
+                    item=self._item(state),
                 )
             )
         if function.get("name") and not state["name"]:
@@ -175,9 +229,17 @@ class ResponseEvents:
             )
         return events
 
+    def _item(self, state: dict[str, Any]) -> dict[str, Any]:
+        """A call's item as the client sees it: a namespaced function's name apart."""
+        item = {k: v for k, v in state.items() if k != "output_index"}
+        item.update(self._tools.item_name(state["name"]))
+        return item
+
     async def _finish(self) -> list[bytes]:
-        events = []
+        events, reasoning = self._reasoning_done()
         output: list[tuple[int, dict[str, Any]]] = []
+        if reasoning is not None and self._reasoning_index is not None:
+            output.append((self._reasoning_index, reasoning))
         if self._message_index is not None:
             text = "".join(self._text)
             item = message_item(self._id, text)
@@ -209,13 +271,13 @@ class ResponseEvents:
             output.append((self._message_index, item))
         for state in self._calls.values():
             state["status"] = "completed"
-            item = _item(state)
+            item = self._item(state)
             events.append(
                 self._event(
                     "response.function_call_arguments.done",
                     item_id=state["id"],
                     output_index=state["output_index"],
-                    name=state["name"],
+                    name=self._tools.item_name(state["name"])["name"],
                     arguments=state["arguments"],
                 )
             )
@@ -249,7 +311,3 @@ class ConvertedStream:
 
 def _first(pair: tuple[int, dict[str, Any]]) -> int:
     return pair[0]
-
-
-def _item(state: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in state.items() if k != "output_index"}

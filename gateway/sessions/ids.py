@@ -1,7 +1,9 @@
 """Which session a request belongs to, and the Redis keys it lives under.
 
 The key comes from the first source the policy lists that the request carries: the
-`X-Session-Id` header, `metadata.session_id`, or `user`. Keys are namespaced per tenant
+`X-Session-Id` header, `metadata.session_id`, `user`, or `client`: the conversation id the
+client sends of its own accord in `prompt_cache_key` (Codex CLI's session; Claude Code's
+session from `metadata.user_id`, put there by gateway/anthropic/). Keys are namespaced per tenant
 (one `default` tenant until tenants exist) and wrapped in a Redis Cluster hash tag, so all
 of one session's keys share a hash slot and multi-key transactions stay legal on a cluster
 (the layout: gateway/state/keys.py).
@@ -58,4 +60,10 @@ def session_for(
             value = body.get("user")
             if isinstance(value, str) and value:
                 return SessionRef(tenant, check_session_id(value, param="user"))
+        if source == "client":
+            # Sent whether or not anyone keeps sessions: one that is no valid session id
+            # names no session (not a 400: the client did not ask for one).
+            value = body.get("prompt_cache_key")
+            if isinstance(value, str) and _VALID.fullmatch(value):
+                return SessionRef(tenant, value)
     return None

@@ -12,6 +12,7 @@ the same tag, so they live in one slot (one node) and one MULTI/EXEC may touch t
     agw:{<tenant>/<session>}:tier:<route>  string  its sticky tier (tiering/memory.py)
     agw:{<tenant>/<session>}:approval      string  its open approval's id (approvals/store.py)
     agw:response:{<tenant>/<response id>}  string  a stored response (responses/records.py)
+    agw:compaction:{<tenant>/<id>}         string  a compacted conversation (responses/)
     agw:answer:{<tenant>/<sha256>}         string  a kept answer (resilience/response_cache.py)
     agw:approval:{<tenant>/<approval id>}  hash    a held tool call (approvals/store.py)
     agw:approvals:{<tenant>}:index         zset    its approvals by time (approvals/store.py)
@@ -66,6 +67,10 @@ def session_tier_key(tenant: str, session: str, route: str) -> str:
 
 def response_key(tenant: str, response_id: str) -> str:
     return f"agw:response:{hash_tag(tenant, response_id)}"
+
+
+def compaction_key(tenant: str, compaction_id: str) -> str:
+    return f"agw:compaction:{hash_tag(tenant, compaction_id)}"
 
 
 def answer_key(tenant: str, request_hash: str) -> str:

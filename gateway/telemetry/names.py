@@ -29,6 +29,9 @@ OPERATIONS = {
     "completions": "text_completion",
     "embeddings": "embeddings",
     "responses": "chat",
+    "messages": "chat",
+    "count_tokens": "count_tokens",  # no GenAI operation: nothing is generated
+    "compact": "compact",
 }
 GEN_AI_SYSTEM_VALUE = "vllm"
 

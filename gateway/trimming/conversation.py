@@ -89,12 +89,14 @@ def snapshot_of(
     return Snapshot(result.index, f"{spec.entity}:{key}", state), False
 
 
-def problems(messages: list[Message]) -> list[str]:
+def problems(messages: list[Message], *, to_send: bool = True) -> list[str]:
     """Why chat templates (or the engine) would reject this conversation; [] when valid.
 
     System messages only first; then a user message; an assistant's tool calls followed by
     exactly their results, in order; no tool message anywhere else; no two user messages
-    in a row (strict templates require alternation); ends on a user or tool message.
+    in a row (strict templates require alternation); ends on a user or tool message (one
+    about to be sent; a conversation kept for later, `to_send=False`, may end on the
+    assistant's answer).
     """
     found: list[str] = []
     start = prefix_length(messages)
@@ -124,7 +126,7 @@ def problems(messages: list[Message]) -> list[str]:
         previous_role = role
     if expected:
         found.append(f"the last {expected} tool call(s) have no results")
-    if body[-1].get("role") not in ("user", "tool"):
+    if to_send and body[-1].get("role") not in ("user", "tool"):
         found.append("the conversation does not end on a user or tool message")
     return found
 

@@ -80,7 +80,9 @@ class Trimmer:
         self._tokens = tokens
         self._counted: dict[bytes, int] = {}
 
-    def trim(self, messages: list[Message], boundary: int) -> Trimmed:
+    def trim(self, messages: list[Message], boundary: int, *, to_send: bool = True) -> Trimmed:
+        """`to_send=False`: the conversation is kept for later (a compaction), not sent now,
+        so it may end on the assistant's answer."""
         started = time.perf_counter_ns()
         analysis = self._analyse(messages)
         boundary = boundary if boundary > analysis.start else 0
@@ -90,7 +92,7 @@ class Trimmer:
             boundary = self._next_boundary(messages, analysis, boundary)
             rendered, patches = self._render(messages, analysis, boundary)
             tokens = self._history_tokens(rendered, analysis.start)
-        if problems(rendered):
+        if problems(rendered, to_send=to_send):
             untrimmed = self._history_tokens(messages, analysis.start)
             return Trimmed(
                 list(messages),

@@ -57,7 +57,7 @@ from schemathesis.specs.openapi.checks import (
 from starlette.testclient import TestClient
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gateway.api.inference import _ENDPOINTS, _RESPONSES
+from gateway.api.inference import _ENDPOINTS, _OWN_SHAPES
 from gateway.api.openapi import openapi_document
 from gateway.app import create_app
 from gateway.policy import parse_policy
@@ -122,7 +122,7 @@ _OPENAI_REQUEST = {
     "/v1/embeddings": "CreateEmbeddingRequest",
 }
 HELD_TOOL = "cancel_reservation"  # the policy holds its calls for approval
-CANCEL = {"type": "function", "function": {
+CANCEL: dict[str, Any] = {"type": "function", "function": {
     "name": HELD_TOOL, "description": "Cancel a reservation.",
     "parameters": {"type": "object", "properties": {"reservation_id": {"type": "string"}},
                    "required": ["reservation_id"]}}}  # fmt: skip
@@ -151,6 +151,8 @@ class Engine:
             return self.wrong
         path = "/" + call.url.split("/", 3)[3]
         body = orjson.loads(call.body)
+        if path == "/tokenize":  # vLLM's own: the count of a chat request's prompt
+            return Scripted(body=b'{"count": 9, "max_model_len": 2048, "tokens": []}')
         problems = [  # vLLM ignores fields it does not know; OpenAI's schema forbids them
             problem
             for problem in violations(_OPENAI_REQUEST[path], {**body, "model": "gpt-4o"})
@@ -434,6 +436,38 @@ BODIES: dict[str, dict[str, Any]] = {
         "max_output_tokens": 16, "temperature": 0, "top_p": 1, "metadata": {"k": "v"},
         "tools": [{"type": "function", "name": "lookup", "parameters": {"type": "object"}}],
     },
+    "POST /v1/responses/input_tokens": {
+        "model": "tiny", "input": [{"role": "user", "content": "hi"}], "instructions": "Be brief.",
+        "previous_response_id": "{response_id}",
+        "tools": [{"type": "function", "name": "lookup", "parameters": {"type": "object"}},
+                  {"type": "web_search"}],
+    },
+    "POST /v1/responses/compact": {
+        "model": "tiny", "instructions": "Be brief.", "previous_response_id": "{response_id}",
+        "input": [{"role": "developer", "content": "Be careful."},
+                  {"role": "user", "content": "look up R1"},
+                  {"type": "function_call", "call_id": "c1", "name": "lookup",
+                   "namespace": "crm", "arguments": '{"id": "R1"}'},
+                  {"type": "function_call_output", "call_id": "c1", "output": "R1: booked"}],
+    },
+    "POST /v1/messages": {
+        "model": "routed", "max_tokens": 16, "system": [{"type": "text", "text": "Be brief."}],
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "look up R1"}]},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t1",
+             "name": "get_reservation_details", "input": {"reservation_id": "R1"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+             "content": "R1: booked"}, {"type": "text", "text": "cancel it"}]}],
+        "tools": [{"name": HELD_TOOL, "description": "Cancel a reservation.",
+                   "input_schema": CANCEL["function"]["parameters"]}],
+        "tool_choice": {"type": "auto"}, "stop_sequences": ["END"], "temperature": 0,
+        "top_p": 1, "top_k": 5, "metadata": {"user_id": "user_x_account__session_s-1"},
+        "thinking": {"type": "disabled"}, "stream": False,
+    },
+    "POST /v1/messages/count_tokens": {
+        "model": "tiny", "system": "Be brief.", "messages": [{"role": "user", "content": "hi"}],
+        "tools": [{"name": "lookup", "input_schema": {"type": "object"}}],
+    },
     "POST /v1/sessions/{session_id}/fork": {"turn": 1, "session_id": "{session_id}.fork"},
     "POST /v1/approvals/{approval_id}": {"decision": "approve", "reason": "fine"},
     "POST /admin/keys": {"tenant": TENANT, "name": "k", "roles": ["user", "approver"],
@@ -444,6 +478,8 @@ STREAMED = {  # the same operations asked for a stream
                                   "stream": True, "stream_options": {"include_usage": True}},
     "POST /v1/completions": {"model": "tiny", "prompt": ["a", "b"], "stream": True},
     "POST /v1/responses": {"model": "tiny", "input": "hi", "stream": True},
+    "POST /v1/messages": {"model": "tiny", "max_tokens": 8, "stream": True,
+                          "messages": [{"role": "user", "content": "hi"}]},
 }  # fmt: skip
 
 
@@ -500,12 +536,18 @@ def answer_problem(response: Any, *, engine_broken: bool) -> str | None:
     5xx that is not the engine's doing (a broken engine answer, or an answer that failed
     the checks the client asked for: 502 output_check_failed)."""
     status = response.status_code
+    anthropic = response.request.url.path.startswith("/v1/messages")
     try:
         error = response.json()["error"] if status >= 400 else {}
         assert status < 400 or isinstance(error["message"], str)
-        assert status < 400 or {"type", "param", "code"} <= set(error)
+        if anthropic:  # the Messages API's own shape
+            assert status < 400 or response.json()["type"] == "error"
+            assert status < 400 or isinstance(error["type"], str)
+        else:
+            assert status < 400 or {"type", "param", "code"} <= set(error)
     except (ValueError, KeyError, TypeError, AssertionError):
-        return f"{status}, not in OpenAI's error shape: {response.text[:300]}"
+        api = "Anthropic's" if anthropic else "OpenAI's"
+        return f"{status}, not in {api} error shape: {response.text[:300]}"
     engines = (502, 503, 504) if engine_broken else ()
     if status >= 500 and status not in engines and error.get("code") != "output_check_failed":
         return f"{status} {response.text[:300]}"
@@ -688,12 +730,17 @@ ENGINE_CALLS: dict[str, tuple[str, dict[str, Any], dict[str, str]]] = {
     "completions": ("POST /v1/completions", {"model": "routed", "prompt": "hi"}, {}),
     "embeddings": ("POST /v1/embeddings", {"model": "tiny", "input": "hi"}, {}),
     "responses": ("POST /v1/responses", {"model": "tiny", "input": "hi"}, {}),
+    "messages": ("POST /v1/messages", {"model": "tiny", "max_tokens": 8,
+                 "messages": [{"role": "user", "content": "hi"}]}, {}),
+    "input_tokens": ("POST /v1/responses/input_tokens", {"model": "tiny", "input": "hi"}, {}),
+    "count_tokens": ("POST /v1/messages/count_tokens", {"model": "tiny",
+                     "messages": [{"role": "user", "content": "hi"}]}, {}),
 }  # fmt: skip
 
 
 def _engine_calls() -> list[tuple[str, bool]]:
     return sorted([(name, streamed) for name in ENGINE_CALLS for streamed in (False, True)
-                   if not (streamed and name == "embeddings")])  # fmt: skip
+                   if not (streamed and name in ("embeddings", "count_tokens", "input_tokens"))])  # fmt: skip
 
 
 @pytest.mark.parametrize(("call", "streamed"), _engine_calls())
@@ -738,7 +785,7 @@ def test_the_document_names_every_route_the_app_serves(redis_url: str) -> None:
     """A route added without describing it here fails this test, so the fuzz runs keep
     covering the whole API."""
     app = create_app(parse_policy(policy_text(redis_url)))
-    served = {(path, "POST") for path in (*_ENDPOINTS, _RESPONSES)}
+    served = {(path, "POST") for path in (*_ENDPOINTS, *_OWN_SHAPES)}
     for route in _routes(app.routes):
         methods = getattr(route, "methods", None) or ()
         served |= {(_template(getattr(route, "path", "")), m) for m in methods if m != "HEAD"}

@@ -35,8 +35,8 @@ COMPLETION = (
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
 UNAUTHORIZED = {
     "error": {
-        "message": "Missing or invalid API key: send `Authorization: Bearer <key>` with a key "
-        "this gateway accepts.",
+        "message": "Missing or invalid API key: send `Authorization: Bearer <key>` (or "
+        "`x-api-key: <key>`) with a key this gateway accepts.",
         "type": "invalid_request_error",
         "param": None,
         "code": "invalid_api_key",

@@ -173,10 +173,11 @@ def test_a_streamed_response_tells_the_events_in_order(
         ({"model": "tiny", "input": "x", "previous_response_id": "resp_nope"}, 404,
          "previous_response_id"),
         ({"model": "tiny"}, 400, "input"),
-        ({"model": "tiny", "input": "x", "tools": [{"type": "web_search"}]}, 400,
-         "tools[0].type"),
+        ({"model": "tiny", "input": "x", "tools": [{"type": "namespace", "tools": []}]}, 400,
+         "tools[0].name"),
         ({"model": "tiny", "input": [{"type": "item_reference", "id": "x"}]}, 400,
          "input[0].type"),
+        ({"model": "tiny", "input": "x", "conversation": "conv_1"}, 400, "conversation"),
     ],
 )  # fmt: skip
 def test_bad_requests_get_clear_errors(

@@ -1,0 +1,91 @@
+"""`POST /v1/responses/compact` on the gateway's own trimming (gateway/trimming/trim.py), not
+a model's summary: the conversation's earlier turns folded into one block (every user
+message verbatim, entity states as validated JSON Patches, a fetchable stub for each other
+tool result), the recent tail kept as it is.
+
+The compacted conversation is kept in Redis and the client gets a `compaction` item whose
+`encrypted_content` names it (`agw-compaction-v1:<id>`, 128 random bits, the caller's
+tenant only): nothing is encrypted, the content never leaves the gateway. A later request
+that carries the item has it replaced by the compacted messages (`hydrate`), byte for byte
+the same each time, so from the second turn after compaction on the engine's prefix cache
+holds the whole compacted block. An item the gateway does not know (expired with the
+session TTL, another tenant's, another provider's) is a 400 naming it.
+
+Compaction asks no engine: it costs the gateway a render and one Redis write.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+import orjson
+import redis.asyncio as aioredis
+
+from gateway.chat.messages import Message
+from gateway.errors import InvalidRequest, StateUnavailable
+from gateway.policy.sessions import TrimmingSpec
+from gateway.state.keys import compaction_key
+from gateway.state.redis_client import RedisClient
+from gateway.trimming.tokens import TokenCounter
+from gateway.trimming.trim import Trimmed, Trimmer
+
+PREFIX = "agw-compaction-v1:"
+
+
+class Compactions:
+    def __init__(self, redis: RedisClient, *, ttl_s: int) -> None:
+        self._redis = redis
+        self._ttl_s = ttl_s
+
+    async def put(self, tenant: str, messages: list[Message]) -> str:
+        """Keeps the compacted messages; returns the item's `encrypted_content`."""
+        ident = secrets.token_hex(16)
+        try:
+            await self._redis.set(
+                compaction_key(tenant, ident), orjson.dumps(messages), ex=self._ttl_s
+            )
+        except (aioredis.RedisError, OSError) as exc:
+            raise StateUnavailable(f"The compaction store is unreachable ({exc}).") from None
+        return PREFIX + ident
+
+    async def hydrate(self, items: Any, tenant: str) -> dict[int, list[Message]]:
+        """The messages each `compaction` item of the input stands for, by its index."""
+        found: dict[int, list[Message]] = {}
+        if not isinstance(items, list):
+            return found
+        for index, item in enumerate(items):
+            if not isinstance(item, dict) or item.get("type") != "compaction":
+                continue
+            param = f"input[{index}].encrypted_content"
+            content = item.get("encrypted_content")
+            ident = content[len(PREFIX) :] if isinstance(content, str) else ""
+            if not (isinstance(content, str) and content.startswith(PREFIX)) or not (
+                len(ident) == 32 and all(c in "0123456789abcdef" for c in ident)
+            ):
+                raise InvalidRequest(
+                    "This compaction item was not made by this gateway.", param=param
+                )
+            try:
+                raw = await self._redis.get(compaction_key(tenant, ident))
+            except (aioredis.RedisError, OSError) as exc:
+                raise StateUnavailable(f"The compaction store is unreachable ({exc}).") from None
+            if raw is None:
+                raise InvalidRequest(
+                    "This compaction item is unknown or has expired; send the conversation whole.",
+                    param=param,
+                    code="compaction_not_found",
+                )
+            found[index] = orjson.loads(raw)
+        return found
+
+
+def compact(messages: list[Message], spec: TrimmingSpec, tokens: TokenCounter) -> Trimmed:
+    """The conversation with everything but a tail under the low-water mark (the policy's
+    or the tenant's) folded into the block, whatever the high-water mark says; as it is
+    when it is under the low-water mark already."""
+    # `model_copy` does not validate: a high-water mark of 0 means "compact now"
+    trimmer = Trimmer(spec.model_copy(update={"enabled": True, "high_water_tokens": 0}), tokens)
+    if trimmer.history_tokens(messages) <= spec.low_water_tokens:
+        return Trimmed(list(messages), 0, trimmer.history_tokens(messages))
+    return trimmer.trim(messages, 0, to_send=False)

@@ -1,0 +1,116 @@
+"""The official `anthropic` SDK through the gateway to real vLLM replicas: the Messages API
+translated to the engines' Chat Completions, and checked against vLLM's own Messages API
+(`/v1/messages`, `/v1/messages/count_tokens`) on the same replica: the same prompt tokens."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import anthropic
+import httpx
+import pytest
+
+from tests.integration.conftest import Engines, Gateway
+
+pytestmark = pytest.mark.engine
+
+WEATHER: Any = {
+    "name": "get_weather",
+    "description": "Current weather for a city",
+    "input_schema": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+    },
+}
+SYSTEM = "You are a weather assistant. " * 40  # long enough to fill KV blocks
+ASK: Any = [{"role": "user", "content": "Weather in Oslo?"}]
+
+
+@pytest.fixture
+def client(gateway: Gateway) -> Iterator[anthropic.Anthropic]:
+    with anthropic.Anthropic(
+        base_url=gateway.base_url, api_key="unused", max_retries=0, timeout=120
+    ) as client:
+        yield client
+
+
+def test_a_message_and_its_repeat_reads_the_engine_s_prefix_cache(
+    client: anthropic.Anthropic,
+) -> None:
+    first = client.messages.create(model="tiny", max_tokens=8, system=SYSTEM, messages=ASK)
+    assert first.type == "message" and first.role == "assistant"
+    assert first.stop_reason in ("end_turn", "max_tokens")
+    assert first.usage.output_tokens > 0
+    again = client.messages.create(model="tiny", max_tokens=8, system=SYSTEM, messages=ASK)
+    total = prompt_tokens(again.usage.model_dump())
+    assert total == prompt_tokens(first.usage.model_dump())
+    assert (again.usage.cache_read_input_tokens or 0) > total // 2  # the same replica, cached
+
+
+def test_a_streamed_forced_tool_call(client: anthropic.Anthropic) -> None:
+    with client.messages.stream(
+        model="tiny",
+        max_tokens=64,
+        messages=ASK,
+        tools=[WEATHER],
+        tool_choice={"type": "tool", "name": "get_weather"},
+    ) as stream:
+        names = [event.type for event in stream]
+        message = stream.get_final_message()
+    assert names[0] == "message_start" and names[-1] == "message_stop"
+    assert "content_block_start" in names and "message_delta" in names
+    tool_uses = [block for block in message.content if block.type == "tool_use"]
+    assert [block.name for block in tool_uses] == ["get_weather"]
+    assert isinstance(tool_uses[0].input, dict)
+    assert message.stop_reason == "tool_use"
+
+
+def test_counts_and_prompts_match_vllm_s_own_messages_api(
+    client: anthropic.Anthropic, engines: Engines
+) -> None:
+    """The translation puts the same prompt before the engine as vLLM's own Messages API
+    does: equal token counts, for count_tokens and for a generated answer. (With tools the
+    gateway's canonical tool schemas, keys sorted, may differ from the client's by a token;
+    there the count must equal what the gateway then sends.)"""
+    replica = engines.urls("tiny-chat")[0]
+    history: Any = [
+        *ASK,
+        {"role": "assistant", "content": [
+            {"type": "text", "text": "Let me look."},
+            {"type": "tool_use", "id": "toolu_1", "name": "get_weather",
+             "input": {"city": "Oslo"}}]},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_1", "content": "12C, rain"}]},
+    ]  # fmt: skip
+    request: dict[str, Any] = {"model": "tiny", "system": SYSTEM, "messages": history}
+    ours = client.messages.count_tokens(**request)
+    with httpx.Client(base_url=replica, timeout=60) as engine:
+        theirs = engine.post("/v1/messages/count_tokens", json=request)
+        assert theirs.status_code == 200, theirs.text
+        assert ours.input_tokens == theirs.json()["input_tokens"]
+        native = engine.post("/v1/messages", json={**request, "max_tokens": 4})
+        assert native.status_code == 200, native.text
+    answered = client.messages.create(**request, max_tokens=4)
+    assert prompt_tokens(answered.usage.model_dump()) == prompt_tokens(native.json()["usage"])
+    with_tools = client.messages.count_tokens(**request, tools=[WEATHER])
+    assert with_tools.input_tokens > ours.input_tokens
+    answered = client.messages.create(**request, tools=[WEATHER], max_tokens=4)
+    assert prompt_tokens(answered.usage.model_dump()) == with_tools.input_tokens
+
+
+def prompt_tokens(usage: dict[str, Any]) -> int:
+    """Anthropic's three input counts add up to the prompt."""
+    parts = ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
+    return sum(usage.get(part) or 0 for part in parts)
+
+
+def test_errors_come_in_anthropic_s_shape(client: anthropic.Anthropic, gateway: Gateway) -> None:
+    with pytest.raises(anthropic.NotFoundError) as missing:
+        client.messages.create(model="no-such-model", max_tokens=8, messages=ASK)
+    assert missing.value.status_code == 404
+    raw = httpx.post(f"{gateway.base_url}/v1/messages", json={"model": "tiny", "messages": ASK})
+    assert raw.status_code == 400
+    assert raw.json()["type"] == "error"
+    assert raw.json()["error"]["type"] == "invalid_request_error"
