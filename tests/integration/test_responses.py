@@ -73,7 +73,9 @@ def test_a_streamed_response_with_the_openai_sdk(gateway: Gateway) -> None:
     assert again.id == final.id
 
 
-INSTRUCTIONS = SYSTEM * 8  # a coding agent's instructions run to kilobytes
+# A coding agent's instructions run to kilobytes (Codex's about 20 KB): most of what a
+# compacted conversation shares with the turns before it.
+INSTRUCTIONS = SYSTEM * 40
 
 
 def test_a_compacted_conversation_continues_from_the_engine_s_prefix_cache(
@@ -97,10 +99,14 @@ def test_a_compacted_conversation_continues_from_the_engine_s_prefix_cache(
         ]  # fmt: skip
 
     def turn(items: list[Any]) -> Any:
-        return client.responses.create(
+        raw = client.responses.with_raw_response.create(
             model="tiny", instructions=INSTRUCTIONS, input=items, store=False,
             prompt_cache_key=key, max_output_tokens=4,
         )  # fmt: skip
+        routes.append(raw.headers.get("x-gateway-route"))
+        return raw.parse()
+
+    routes: list[str | None] = []
 
     turn([*turns, {"role": "user", "content": "and order 10?"}])  # the conversation so far
     compacted = client.responses.with_raw_response.compact(
@@ -110,12 +116,12 @@ def test_a_compacted_conversation_continues_from_the_engine_s_prefix_cache(
     assert items[-1]["type"] == "compaction"
     assert compacted.parse().usage.output_tokens < compacted.parse().usage.input_tokens
     after = turn([*items, {"role": "user", "content": "and order 11?"}])
-    assert after.usage is not None and after.usage.input_tokens_details.cached_tokens > 0
+    assert after.usage is not None
+    assert after.usage.input_tokens_details.cached_tokens > 0, routes
     again = turn([*items, {"role": "user", "content": "and order 12?"}])
     assert again.usage is not None
-    assert again.usage.input_tokens_details.cached_tokens > again.usage.input_tokens // 2
-    # the default low-water mark keeps a tail of 2,500 tokens: measured 4,625 of 6,347
-    assert again.usage.input_tokens < 0.8 * before_tokens(client, turns)
+    assert again.usage.input_tokens_details.cached_tokens > again.usage.input_tokens // 2, routes
+    assert again.usage.input_tokens < before_tokens(client, turns)
 
 
 def before_tokens(client: openai.OpenAI, turns: list[Any]) -> int:

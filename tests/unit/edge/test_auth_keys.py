@@ -300,3 +300,22 @@ def test_only_digests_of_the_keys_are_held(tmp_path: Path) -> None:
     assert identity is not None and len(identity.key_id) == 12
     assert store.identify(b"two words") is None
     assert store.identify(b"#comment-only") is None
+
+
+def test_anthropic_clients_send_their_key_in_x_api_key_and_are_refused_in_their_shape(
+    gateway: Gateway,
+) -> None:
+    """Anthropic's SDKs send `x-api-key`; a refusal on the Messages API is Anthropic's
+    `authentication_error`, with the same status and header as OpenAI's."""
+    message = {"model": "tiny", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+    refused = gateway.client.post("/v1/messages", json=message, headers={"x-api-key": "sk-guess"})
+    assert refused.status_code == 401
+    assert refused.headers["www-authenticate"] == "Bearer"
+    body = refused.json()
+    assert body["type"] == "error" and body["error"]["type"] == "authentication_error"
+    assert gateway.fake.calls == []
+    served = gateway.client.post("/v1/messages", json=message, headers={"x-api-key": KEY})
+    assert served.status_code == 200, served.text
+    assert served.json()["type"] == "message"
+    chat = gateway.client.post("/v1/chat/completions", json=CHAT, headers={"x-api-key": KEY})
+    assert chat.status_code == 200
