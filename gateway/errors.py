@@ -28,8 +28,8 @@ Handlers raise these; `error_response` renders any of them in OpenAI's shape
 `{"error": {"message", "type", "param", "code"}}`, or, on the Anthropic Messages API's
 paths (`/v1/messages...`), in Anthropic's: `{"type": "error", "error": {"type",
 "message"}}` with the type Anthropic gives that status (`anthropic_error_type`). The status
-and headers are the same either way. Anything else that escapes is a bug and is rendered
-as a 500 without internals (see gateway/app.py).
+and headers are the same either way, but for `Overloaded`: Anthropic's 529. Anything
+else that escapes is a bug and is rendered as a 500 without internals (gateway/app.py).
 """
 
 from __future__ import annotations
@@ -239,10 +239,12 @@ def anthropic_error_type(status: int) -> str:
     return _ANTHROPIC_TYPES.get(status, "api_error")
 
 
-def anthropic_error_body(error: GatewayError, request_id: str | None = None) -> dict[str, Any]:
+def anthropic_error_body(
+    error: GatewayError, request_id: str | None = None, status: int | None = None
+) -> dict[str, Any]:
     body: dict[str, Any] = {
         "type": "error",
-        "error": {"type": anthropic_error_type(error.status), "message": error.message},
+        "error": {"type": anthropic_error_type(status or error.status), "message": error.message},
     }
     if request_id:
         body["request_id"] = request_id
@@ -257,9 +259,14 @@ def error_response(
     if request_id:
         headers["X-Request-Id"] = request_id
     anthropic = path is not None and path.startswith(ANTHROPIC_PREFIX)
+    status = error.status
+    if anthropic and isinstance(error, Overloaded):
+        status = 529  # Anthropic's "overloaded" (its clients back off and retry on it)
     return Response(
-        orjson.dumps(anthropic_error_body(error, request_id) if anthropic else error.body()),
-        status_code=error.status,
+        orjson.dumps(
+            anthropic_error_body(error, request_id, status) if anthropic else error.body()
+        ),
+        status_code=status,
         media_type="application/json",
         headers=headers,
     )

@@ -64,6 +64,8 @@ def _errors(*statuses: int, shape: str = "Error") -> dict[str, Any]:
         502: "The engine failed or its answer failed the request's checks.",
         503: "No healthy replica, or the state store is unreachable.",
         504: "The engine did not answer in time.",
+        529: "Every replica is at capacity (the Messages API's `overloaded_error`; the "
+        "OpenAI routes answer 429); `Retry-After` says when to try again.",
     }
     return {
         str(status): {
@@ -78,7 +80,7 @@ def _errors(*statuses: int, shape: str = "Error") -> dict[str, Any]:
 def _anthropic_call(summary: str, request: str, answer: str, *, streams: bool) -> dict[str, Any]:
     """An operation of the Anthropic Messages API: its errors in Anthropic's shape."""
     operation = _call(summary, request, answer, streams=streams)
-    operation["post"]["responses"].update(_errors(*_CALL_ERRORS, shape="AnthropicError"))
+    operation["post"]["responses"].update(_errors(*_CALL_ERRORS, 529, shape="AnthropicError"))
     operation["post"]["parameters"] = _SESSION_HEADERS[:1]
     operation["post"]["security"] = [{"bearer": []}, {"x-api-key": []}]
     return operation

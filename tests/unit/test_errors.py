@@ -10,6 +10,7 @@ from gateway.errors import (
     InvalidRequest,
     ModelNotFound,
     NoHealthyReplica,
+    Overloaded,
     PayloadTooLarge,
     UpstreamError,
     UpstreamRejected,
@@ -77,3 +78,21 @@ def test_engine_failures_become_502(status: int) -> None:
     error = upstream_error_from_body(status, b"<html>oops</html>")
     assert error.status == 502
     assert "oops" in error.message
+
+
+def test_on_the_messages_api_every_error_is_anthropic_s_and_overloaded_is_529() -> None:
+    refused = error_response(InvalidRequest("bad", param="messages"), request_id="r1",
+                             path="/v1/messages")  # fmt: skip
+    assert refused.status_code == 400
+    assert orjson.loads(refused.body) == {
+        "type": "error",
+        "error": {"type": "invalid_request_error", "message": "bad"},
+        "request_id": "r1",
+    }
+    full = error_response(Overloaded("full", retry_after_s=2), path="/v1/messages/count_tokens")
+    assert full.status_code == 529 and full.headers["retry-after"] == "2"
+    assert orjson.loads(full.body)["error"]["type"] == "overloaded_error"
+    assert (
+        error_response(Overloaded("full", retry_after_s=2), path="/v1/chat/completions").status_code
+        == 429
+    )
