@@ -20,7 +20,8 @@ from typing import Any
 import orjson
 
 from gateway import headers as gateway_headers
-from gateway.anthropic.convert import chat_request, message_object
+from gateway.anthropic.answer import message_object
+from gateway.anthropic.convert import chat_request
 from gateway.anthropic.stream import MessageEvents
 from gateway.chat.inbound import check_array_length, check_depth, check_max_tokens, json_object
 from gateway.delivery.served import ConvertedEvents, Served

@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from gateway.anthropic.convert import stop_reason, tool_input, usage_of
+from gateway.anthropic.answer import stop_reason, tool_input, usage_of
 from gateway.chat.conformance import NotAnAnswer, check_shape
 from gateway.chat.stream import DONE, chunks_of, first_choice
 from gateway.errors import anthropic_error_type

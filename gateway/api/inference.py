@@ -16,6 +16,7 @@ from dataclasses import replace
 from typing import Any
 
 import orjson
+from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -94,8 +95,7 @@ class ApiCalls:
                     access=access,
                     identity=identity_of(state),
                 )
-                claude = headers.get("x-claude-code-session-id")
-                served = await _call(app_state, endpoint, str(path), body, context, claude)
+                served = await _call(app_state, endpoint, str(path), body, context, headers)
             response = render(served)
         except GatewayError as exc:
             record.error_type = exc.code or exc.error_type
@@ -114,10 +114,11 @@ async def _call(
     path: str,
     body: bytes,
     context: RequestContext,
-    claude_session: str | None,
+    headers: Headers,
 ) -> Served:
     if endpoint is None:  # the Anthropic Messages API (gateway/anthropic/)
         messages: MessagesService = app_state.messages
+        claude_session = headers.get("x-claude-code-session-id")  # read for these calls only
         if path == _COUNT_TOKENS:
             return await messages.count_tokens(body, context, claude_session)
         return await messages.create(body, context, claude_session)

@@ -86,6 +86,7 @@ def compact(messages: list[Message], spec: TrimmingSpec, tokens: TokenCounter) -
     when it is under the low-water mark already."""
     # `model_copy` does not validate: a high-water mark of 0 means "compact now"
     trimmer = Trimmer(spec.model_copy(update={"enabled": True, "high_water_tokens": 0}), tokens)
-    if trimmer.history_tokens(messages) <= spec.low_water_tokens:
-        return Trimmed(list(messages), 0, trimmer.history_tokens(messages))
+    tokens_now = trimmer.history_tokens(messages)
+    if tokens_now <= spec.low_water_tokens:
+        return Trimmed(list(messages), 0, tokens_now)
     return trimmer.trim(messages, 0, to_send=False)

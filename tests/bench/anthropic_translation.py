@@ -31,7 +31,8 @@ import httpx
 import orjson
 
 from engine.supervisor import ROOT
-from gateway.anthropic.convert import chat_request, message_object
+from gateway.anthropic.answer import message_object
+from gateway.anthropic.convert import chat_request
 from tests.bench.tau_routing import conversations, start_engines
 
 
