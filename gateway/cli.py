@@ -10,6 +10,7 @@ gateway replay --trace FILE [--replicas N] [--cache-blocks M] [--policy FILE] [-
 gateway trim-eval --trajectories FILE [--policy FILE] [--tokenizer FILE] [--json]
 gateway route-train --labels FILE --out FILE [--seed N]
 gateway route-eval --labels FILE [--policy FILE] [--artifact FILE] [--folds K] [--json]
+gateway tools-eval [--data DIR] [--out FILE] [--seed N] [--limit N]
 gateway keys create --tenant T [--name N] [--role approver] [--policy FILE]
 gateway keys list --tenant T [--policy FILE]
 gateway keys revoke KEY_ID [--policy FILE]
@@ -378,6 +379,33 @@ def _route_eval(args: argparse.Namespace) -> int:
     return _print_report(result, args.json, table)
 
 
+def _tools_eval(args: argparse.Namespace) -> int:
+    from gateway.offline.tools_eval import (
+        DEFAULT_DATA,
+        DEFAULT_OUT,
+        DataError,
+        table,
+        tools_eval,
+        write_report,
+    )
+
+    out = Path(args.out) if args.out else DEFAULT_OUT
+    try:
+        result = tools_eval(
+            Path(args.data) if args.data else DEFAULT_DATA,
+            seed=args.seed,
+            limit=args.limit,
+            progress=lambda line: print(line, file=sys.stderr, flush=True),
+        )
+        write_report(result, out)
+    except (OSError, DataError) as exc:
+        print(f"gateway tools-eval: {exc}", file=sys.stderr)
+        return 2
+    print(table(result))
+    print(f"wrote {out}")
+    return 1 if result["missed"] else 0
+
+
 def _keys(args: argparse.Namespace) -> int:
     from gateway.tenants.cli import run_keys_command
 
@@ -501,6 +529,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     route.add_argument("--json", action="store_true", help="one JSON object instead of a table")
     route.set_defaults(run=_route_eval)
+
+    tools = sub.add_parser("tools-eval", help="tool-call checker on real and seeded calls")
+    tools.add_argument(
+        "--data", help="the shared data folder (default: ../shared/data from the repository)"
+    )
+    tools.add_argument(
+        "--out", help="the JSON report (default: .run/bench/tools-eval.json in the repository)"
+    )
+    tools.add_argument("--seed", type=int, default=0, help="which faults are seeded")
+    tools.add_argument("--limit", type=int, default=0, help="only the first N calls per dataset")
+    tools.set_defaults(run=_tools_eval)
 
     add_keys_parser(sub, DEFAULT_POLICY).set_defaults(run=_keys)
 

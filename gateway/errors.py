@@ -16,6 +16,7 @@
     +-- UpstreamError                   502   upstream_error         (engine unreachable or 5xx)
     |   +-- UpstreamTimeout             504   upstream_error         code=upstream_timeout
     |   +-- OutputCheckFailed           502   upstream_error         code=output_check_failed
+    |   +-- InvalidToolCall             502   upstream_error         code=invalid_tool_call
     +-- UpstreamRejected              (4xx)   (engine's own)         engine refused the request
     +-- NoHealthyReplica                503   service_unavailable    Retry-After set
     +-- StateUnavailable                503   service_unavailable    code=state_store_unavailable
@@ -154,6 +155,14 @@ class OutputCheckFailed(UpstreamError):
     """The engines answered, but the answer failed the checks the request must pass."""
 
     default_code = "output_check_failed"
+
+
+class InvalidToolCall(UpstreamError):
+    """The engine called a tool in a way the request's tool contract refuses (an undeclared
+    tool, arguments that do not parse or break the tool's schema, or a value an analyzer
+    denies), and the policy's steps ended in a refusal (gateway/toolcalls/)."""
+
+    default_code = "invalid_tool_call"
 
 
 class NoHealthyReplica(GatewayError):

@@ -17,12 +17,15 @@ import orjson
 
 from gateway import headers as gateway_headers
 from gateway.approvals.gate import ApprovalGate, Guard
+from gateway.approvals.gateway_answers import gateway_answer
 from gateway.chat.inbound import InboundRequest, parse_request
+from gateway.chat.messages import Message
 from gateway.delivery.events import EventSteps
 from gateway.delivery.relay import StreamRelay
 from gateway.delivery.served import Served
 from gateway.delivery.whole import Answer, read_answer
 from gateway.errors import (
+    InvalidToolCall,
     ModelNotFound,
     NoHealthyReplica,
     OutputCheckFailed,
@@ -47,6 +50,8 @@ from gateway.tenants.identity import TenantAccess
 from gateway.tenants.settings import TenantPolicies, TenantSettings
 from gateway.tiering.chooser import TierChoice, TierChooser, load_learned_router
 from gateway.tiering.stickiness import MemorySessionTiers
+from gateway.toolcalls.checker import Judgement, ToolCallChecks, ToolCheck
+from gateway.toolcalls.stream_hold import ToolCallHold
 from gateway.upstream.client import Upstream
 
 log = logging.getLogger(__name__)
@@ -78,6 +83,7 @@ class Call:
     guard: Guard | None = None  # may call a tool that needs a person's approval
     route: RouteRequest | None = None
     choice: TierChoice | None = None
+    tools: ToolCheck | None = None  # the check of the tool calls it may answer with
     # Response headers noted along the way (which parts of the prompt prefix changed).
     notes: dict[str, str] = field(default_factory=dict)
 
@@ -104,6 +110,18 @@ class Live:
 
     relay: StreamRelay
     headers: dict[str, str]
+
+
+@dataclass(frozen=True)
+class Settled:
+    """An answer read whole and where it came from, as its tool calls left it."""
+
+    choice: TierChoice
+    dispatch: Dispatch
+    headers: dict[str, str]
+    answer: Answer
+    stands: bool = True  # False: refused, the gateway's answer instead of the engine's
+    held: tuple[str, ...] = ()  # tools an analyzer holds for a person's approval
 
 
 class Pipeline:
@@ -145,6 +163,8 @@ class Pipeline:
         self._dispatcher = dispatcher or Dispatcher(policy, router, upstream, metrics)
         self._prefixes = PrefixSteps(policy, fingerprints, metrics)
         self._metrics = metrics
+        # Every tool call checked against the declared tools (gateway/toolcalls/).
+        self._tool_calls = ToolCallChecks(policy.tool_calls, metrics)
         # Kept deterministic answers, the last fallback (when the policy turns it on).
         self._answers = answers if policy.resilience.response_cache.enabled else None
 
@@ -260,8 +280,14 @@ class Pipeline:
 
     async def _canonicalize(self, call: Call) -> Call:
         request, session, context = call.request, call.session, call.context
+        declared = request.body.get("tools") if request.endpoint is Endpoint.chat else None
+        if declared and (strict := self._tool_calls.constrain(declared)) is not None:
+            request = request.with_body({**request.body, "tools": strict})  # before hashing
         with context.record.stage("canonicalize"):
             request, tools_json = self._prefixes.canonicalize(request)
+        tools = self._tool_calls.for_request(
+            request.model, declared, tools_json, request.body.get("n")
+        )
         notes = dict(call.notes)
         if prefix_changes := await self._prefixes.changes(request, session):
             notes[gateway_headers.PREFIX_CHANGE] = ",".join(prefix_changes)
@@ -273,7 +299,7 @@ class Pipeline:
             context.access.name,
             cache_seed,
         )
-        return replace(call, request=request, route=route, notes=notes)
+        return replace(call, request=request, route=route, notes=notes, tools=tools)
 
     async def _choose_tier(self, call: Call) -> Call:
         request, context = call.request, call.context
@@ -292,7 +318,8 @@ class Pipeline:
 
     async def _send(self, call: Call) -> Reply | Live:
         """Choose a replica and send (the model's fallbacks when its pool cannot answer,
-        then this same request's kept answer); relay a stream, read a completion whole."""
+        then this same request's kept answer); relay a stream, read a completion whole
+        (its tool calls judged: `_settle_calls`)."""
         request = call.request
         answer_key = cache_key(request.body) if self._answers is not None else None
         try:
@@ -303,16 +330,20 @@ class Pipeline:
                 raise
             return cached
         headers = self._dispatched(call, choice, dispatch)
-        commit = self._checkpointer(call, choice, dispatch)
         if request.stream:
-            return Live(self._relay(call, dispatch, commit), headers)
+            commit = self._checkpointer(call, choice, dispatch)
+            return Live(self._relay(call, choice, dispatch, commit), headers)
         answer = await self._read_answer(call, request, dispatch)
-        return Reply(answer, headers, commit, answer_key)
+        settled = await self._settle_calls(call, Settled(choice, dispatch, headers, answer))
+        commit = self._checkpointer(call, settled.choice, settled.dispatch)
+        keep_as = answer_key if settled.stands else None  # a refusal is not kept
+        return Reply(settled.answer, settled.headers, commit, keep_as)
 
     async def _checked(self, call: Call) -> Reply:
         """An answer with checks is read whole and checked before the client sees it; one
-        that fails moves up a tier once, and a failure with nowhere to go is an error. An
-        answer that may call a tool needing approval is read whole too, and held if it does."""
+        that fails moves up a tier once, and a failure with nowhere to go is an error. Its
+        tool calls are judged as any answer's (`_settle_calls`). An answer that may call a
+        tool needing approval is read whole too, and held if it does."""
         request, record = call.request, call.context.record
         assert call.choice is not None
         choice, checks = call.choice, call.choice.checks
@@ -344,12 +375,101 @@ class Pipeline:
             choice = self._tiers.escalated(request.model, choice, problems[0][0])
             record.escalating()
             escalated = True
+        settled = await self._settle_calls(call, Settled(choice, dispatch, headers, answer))
+        answer, headers = settled.answer, settled.headers
         guard = call.guard
-        held = await guard.hold(answer, call.client_usage) if guard else None
+        held = await guard.hold(answer, call.client_usage, also=settled.held) if guard else None
         if held is not None:
             answer = held.answer  # the client is told the call awaits approval instead
             headers = {**headers, **held.headers}
-        return Reply(answer, headers, self._checkpointer(call, choice, dispatch))
+            if call.tools is not None:
+                call.tools.count("held")
+        return Reply(answer, headers, self._checkpointer(call, settled.choice, settled.dispatch))
+
+    async def _settle_calls(
+        self, call: Call, settled: Settled, asked: InboundRequest | None = None
+    ) -> Settled:
+        """The answer's tool calls judged (gateway/toolcalls/checker.py): valid or repaired
+        calls stand; an invalid one goes through the policy's steps: asked again (the same
+        pool, what was wrong appended), escalated one tier, or refused. `asked`: the
+        request re-asks are built from (default: the client's; a live stream's recovery
+        passes it unstreamed)."""
+        tools, record = call.tools, call.context.record
+        request = asked or call.request
+        reasks = 0
+        while tools is not None and (calls := _calls(settled.answer)) is not None:
+            judgement = tools.judge(calls)
+            if judgement.valid:
+                answer = self._judged(call, settled.answer, judgement, calls)
+                return replace(settled, answer=answer, held=judgement.held)
+            choice = settled.choice
+            step = tools.step(
+                judgement,
+                reasks_left=reasks < tools.reask_max,
+                can_escalate=choice.escalate_to is not None,
+            )
+            record.tool_call_outcome(step, judgement.summary())
+            if step == "refuse":
+                tools.count("refused", len(judgement.issues))
+                answer = self._refused(call, settled.answer, judgement, choice)
+                return replace(settled, answer=answer, stands=False)
+            again = request
+            if step == "reask":
+                tools.count("reasked", len(judgement.issues))
+                reasks += 1
+                body = tools.reask_body(request.body, settled.answer.reply, judgement)
+                again = request.with_body(body)
+            else:
+                tools.count("escalated", len(judgement.issues))
+                choice = self._tiers.escalated(request.model, choice, "tool_calls")
+            record.escalating()  # the invalid answer is paid for all the same
+            choice, dispatch = await self._dispatch(replace(call, choice=choice), again)
+            headers = self._dispatched(call, choice, dispatch)
+            answer = await self._read_answer(call, again, dispatch)
+            settled = Settled(choice, dispatch, headers, answer)
+        return settled
+
+    async def _recover_stream(
+        self, call: Call, choice: TierChoice, dispatch: Dispatch, reply: Message
+    ) -> Message:
+        """A live stream's reply with an invalid call, settled as a whole answer would be
+        (asked again unstreamed, escalated, or refused): the message whose calls (or
+        refusal) finish the stream. InvalidToolCall when the refusal is an error."""
+        request = call.request
+        body = {k: v for k, v in request.body.items() if k not in ("stream", "stream_options")}
+        unstreamed = replace(request.with_body(body), stream=False)
+        first = Settled(choice, dispatch, {}, Answer(reply, None))
+        settled = await self._settle_calls(call, first, unstreamed)
+        return settled.answer.reply or {"role": "assistant", "content": ""}
+
+    def _judged(
+        self, call: Call, answer: Answer, judgement: Judgement, calls: list[dict[str, Any]]
+    ) -> Answer:
+        """The answer with its repaired calls in place (as it was when none needed one)."""
+        assert call.tools is not None
+        checked = judgement.review.calls
+        repaired = sum(1 for made, sent in zip(calls, checked, strict=True) if made is not sent)
+        if repaired < len(calls):
+            call.tools.count("valid", len(calls) - repaired)
+        if not repaired:
+            return answer
+        call.tools.count("repaired", repaired)
+        call.context.record.tool_call_outcome("repair", ",".join(judgement.review.repairs))
+        assert answer.reply is not None
+        message = {**answer.reply, "tool_calls": checked}
+        return _replaced(answer, message, call)
+
+    def _refused(
+        self, call: Call, answer: Answer, judgement: Judgement, choice: TierChoice
+    ) -> Answer:
+        """The refusal the policy asks for: an error, or the assistant saying why."""
+        assert call.tools is not None
+        if call.tools.refuse_as == "error":
+            raise InvalidToolCall(
+                f"The model's tool call was refused: {judgement.summary()}",
+                headers=choice.header_values(),
+            )
+        return _replaced(answer, call.tools.refusal(judgement), call)
 
     async def _deliver(self, call: Call, outcome: Reply | Live) -> Served:
         """The one exit: the response headers, built once, and the session turn committed
@@ -400,11 +520,14 @@ class Pipeline:
             tenant=context.access.name,
             request_id=context.request_id,
             record=context.record,
+            analyzed=self._tool_calls.spec.holds,
         )
 
     def _is_checked(self, call: Call) -> bool:
-        return call.guard is not None or (
-            call.choice is not None and call.choice.checks is not None
+        return (
+            call.guard is not None
+            or (call.choice is not None and call.choice.checks is not None)
+            or (call.tools is not None and not call.request.stream)  # streams: held live
         )
 
     async def _dispatch(self, call: Call, request: InboundRequest) -> tuple[TierChoice, Dispatch]:
@@ -485,8 +608,21 @@ class Pipeline:
             idle_s=self._policy.timeouts.idle_s,
         )
 
-    def _relay(self, call: Call, dispatch: Dispatch, commit: Checkpointer | None) -> StreamRelay:
+    def _relay(
+        self,
+        call: Call,
+        choice: TierChoice,
+        dispatch: Dispatch,
+        commit: Checkpointer | None,
+    ) -> StreamRelay:
         record = call.context.record
+        hold = None
+        if call.tools is not None:  # calls held until whole and judged; bad ones settled
+
+            async def recover(reply: Message) -> Message:
+                return await self._recover_stream(call, choice, dispatch, reply)
+
+            hold = ToolCallHold(call.tools, recover)
         steps = EventSteps(
             record.result,
             hide_usage=call.hide_usage,
@@ -503,6 +639,7 @@ class Pipeline:
             deadline=dispatch.deadline,
             idle_s=self._policy.timeouts.idle_s,
             on_end=dispatch.finish,
+            hold=hold,
         )
 
     async def _cached_answer(self, key: str | None, call: Call) -> Reply | None:
@@ -517,6 +654,35 @@ class Pipeline:
         self._metrics.fallbacks.labels(call.request.model, "cache").inc()
         headers = {**call.choice.header_values(), gateway_headers.FALLBACK: "cache"}
         return Reply(Answer(None, None, payload), headers, commit=None)
+
+
+def _calls(answer: Answer) -> list[dict[str, Any]] | None:
+    calls = answer.reply.get("tool_calls") if answer.reply is not None else None
+    return calls if isinstance(calls, list) and calls else None
+
+
+def _replaced(answer: Answer, message: dict[str, Any], call: Call) -> Answer:
+    """The answer with another assistant message: a completion keeps all else it said
+    (id, usage, logprobs); a stream read whole is told again as the gateway's own."""
+    completion = answer.completion
+    if completion is not None and isinstance(completion.get("choices"), list):
+        first = completion["choices"][0]
+        finish = "tool_calls" if message.get("tool_calls") else "stop"
+        choices = [{**first, "message": {**first.get("message", {}), **message,
+                                         "tool_calls": message.get("tool_calls")},
+                    "finish_reason": finish}, *completion["choices"][1:]]  # fmt: skip
+        changed = {**completion, "choices": choices}
+        return Answer(message, answer.usage, orjson.dumps(changed), answer.media_type,
+                      completion=changed)  # fmt: skip
+    record = call.context.record
+    return gateway_answer(
+        message,
+        model=record.result.response_model or call.request.model,
+        stream=call.request.stream,
+        usage=answer.usage,
+        include_usage=call.client_usage,
+        completion_id=record.result.response_id,
+    )
 
 
 def _with_usage(request: InboundRequest) -> tuple[InboundRequest, bool]:

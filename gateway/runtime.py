@@ -249,7 +249,11 @@ def build_runtime(policy: Policy, services: Services, previous: Runtime | None =
         ),
         answers=RedisResponseCache(redis, ttl_s=policy.resilience.response_cache.ttl_s),
         tenants=tenants,
-        approvals=ApprovalGate(policy.approvals, approvals) if policy.approvals.enabled else None,
+        approvals=(
+            ApprovalGate(policy.approvals, approvals)
+            if policy.approvals.enabled or policy.tool_calls.holds
+            else None
+        ),
         quota=Quota(policy, RedisQuotaStore(redis), metrics) if quota_applies(policy) else None,
     )
     return Runtime(

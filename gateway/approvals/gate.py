@@ -101,8 +101,11 @@ class ApprovalGate:
         tenant: str,
         request_id: str,
         record: RequestRecord,
+        analyzed: frozenset[str] = _NOTHING,
     ) -> Guard | None:
-        """The request's guard when it declares a tool whose calls are held; else None."""
+        """The request's guard when it declares a tool whose calls are held, or whose
+        calls an analyzer may hold (`analyzed`: gateway/toolcalls/argument_rules.py);
+        else None."""
         tools = request.body.get("tools")
         if not tools:
             return None
@@ -110,7 +113,7 @@ class ApprovalGate:
         declared = {
             tool["function"]["name"] for tool in tools
         }  # checked by gateway/chat/inbound.py
-        if held.isdisjoint(declared):
+        if held.isdisjoint(declared) and analyzed.isdisjoint(declared):
             return None
         if request.body.get("n") not in (None, 1):
             # Only the first choice is looked at: another could call a held tool unseen.
@@ -179,13 +182,15 @@ class Guard:
             message = {"role": "assistant", "content": text}
         return self._answer(approval, outcome, message, start, include_usage)
 
-    async def hold(self, answer: Answer, include_usage: bool) -> GateAnswer | None:
-        """After the engine: hold its answer when it calls a held tool (the whole turn, any
-        other calls with it); None lets it through."""
+    async def hold(
+        self, answer: Answer, include_usage: bool, also: tuple[str, ...] = ()
+    ) -> GateAnswer | None:
+        """After the engine: hold its answer when it calls a held tool, or one an analyzer
+        held (`also`), the whole turn, any other calls with it; None lets it through."""
         reply = answer.reply
         calls: list[dict[str, Any]] = (reply.get("tool_calls") or []) if reply else []
         names_called = [call["function"]["name"] for call in calls]
-        guarded = tuple(dict.fromkeys(n for n in names_called if n in self._held))
+        guarded = tuple(dict.fromkeys(n for n in names_called if n in self._held or n in also))
         if not guarded:
             return None
         assert reply is not None

@@ -58,6 +58,22 @@ def reply_of(data: Any) -> tuple[Message | None, dict[str, Any] | None]:
     return (normalise(message) if isinstance(message, dict) else None), usage
 
 
+def merge_call_delta(calls: dict[int, dict[str, Any]], piece: dict[str, Any]) -> None:
+    """One streamed tool-call delta added to the calls put together so far, by index: the
+    id and name when it carries them, its piece of the arguments appended."""
+    slot = calls.setdefault(
+        int(piece.get("index", 0)),
+        {"id": None, "type": "function", "function": {"name": None, "arguments": ""}},
+    )
+    if piece.get("id"):
+        slot["id"] = piece["id"]
+    function = piece.get("function") or {}
+    if function.get("name"):
+        slot["function"]["name"] = function["name"]
+    if isinstance(function.get("arguments"), str):
+        slot["function"]["arguments"] += function["arguments"]
+
+
 class ReplyCollector:
     """Builds the first choice's message from a chat completion stream, event by event."""
 
@@ -94,17 +110,7 @@ class ReplyCollector:
                 self._take_call(call)
 
     def _take_call(self, call: dict[str, Any]) -> None:
-        slot = self._calls.setdefault(
-            int(call.get("index", 0)),
-            {"id": None, "type": "function", "function": {"name": None, "arguments": ""}},
-        )
-        if call.get("id"):
-            slot["id"] = call["id"]
-        function = call.get("function") or {}
-        if function.get("name"):
-            slot["function"]["name"] = function["name"]
-        if isinstance(function.get("arguments"), str):
-            slot["function"]["arguments"] += function["arguments"]
+        merge_call_delta(self._calls, call)
 
     def message(self) -> Message:
         raw: dict[str, Any] = {"role": "assistant", "content": "".join(self._content) or None}

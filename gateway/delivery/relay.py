@@ -17,9 +17,10 @@ from contextlib import aclosing
 from gateway.chat.conformance import NotAnAnswer
 from gateway.chat.stream import ChatEvent, chat_events
 from gateway.delivery.events import EventSteps
-from gateway.errors import GatewayError, UpstreamError
+from gateway.errors import GatewayError, InvalidToolCall, UpstreamError
 from gateway.fleet.replicas import Replica
 from gateway.resilience.dispatcher import SlotOutcome
+from gateway.toolcalls.stream_hold import ToolCallHold
 from gateway.upstream.client import UpstreamResponse
 
 log = logging.getLogger(__name__)
@@ -35,8 +36,11 @@ class StreamRelay:
         deadline: float,
         idle_s: float,
         on_end: Callable[[SlotOutcome], None],
+        hold: ToolCallHold | None = None,
     ) -> None:
         self.replica = replica
+        # Tool-call deltas held until each call is complete and judged (gateway/toolcalls/).
+        self._hold = hold
         self._response = response
         self._steps = steps
         self._deadline = deadline
@@ -56,18 +60,24 @@ class StreamRelay:
             async with aclosing(stream):
                 async for event in stream:
                     try:
-                        passed = await self._steps.take(event)
-                    except NotAnAnswer as exc:  # the engine's failure: no turn is kept
-                        self._broken = True
-                        log.warning("stream from %s: %s", self.replica.id, exc)
-                        yield stream_error(exc.upstream_error())
-                        return
-                    except GatewayError as exc:  # the turn could not be kept
+                        events = [event] if self._hold is None else await self._hold.take(event)
+                    except InvalidToolCall as exc:  # refused: the rest is not wanted
                         yield stream_error(exc)
-                        self._finished = True  # the engine did finish
                         return
-                    if passed is not None:
-                        yield passed
+                    for each in events:
+                        try:
+                            passed = await self._steps.take(each)
+                        except NotAnAnswer as exc:  # the engine's failure: no turn is kept
+                            self._broken = True
+                            log.warning("stream from %s: %s", self.replica.id, exc)
+                            yield stream_error(exc.upstream_error())
+                            return
+                        except GatewayError as exc:  # the turn could not be kept
+                            yield stream_error(exc)
+                            self._finished = True  # the engine did finish
+                            return
+                        if passed is not None:
+                            yield passed
             self._finished = True
         except UpstreamError as exc:  # broke, went quiet, or ended before [DONE]
             self._broken = True

@@ -92,9 +92,7 @@ class ApprovalsSpec(Strict):
 def approval_references(data: dict[str, Any]) -> Iterator[tuple[tuple[str, ...], str]]:
     """(where, what is wrong) for each `approvals` entry naming an undefined model alias
     or tenant, and for approvals turned on without API keys (nobody could approve)."""
-    approvals = data.get("approvals")
-    if not isinstance(approvals, dict):
-        return
+    approvals = _mapping(data.get("approvals"))
     for section, defined in (
         ("models", data.get("models")),
         ("tenants", {"default": None, **_mapping(data.get("tenants"))}),
@@ -109,6 +107,7 @@ def approval_references(data: dict[str, Any]) -> Iterator[tuple[tuple[str, ...],
                     (f"{kind} {name!r} is not defined (expected one of: {names})"),
                 )
     named = [approvals.get("tools"), *_mapping(approvals.get("models")).values()]
+    named.append(_analyzer_holds(data))
     named += _mapping(approvals.get("tenants")).values()
     auth = _mapping(data.get("auth"))
     if any(named) and not (auth.get("keys_file") or data.get("tenants")):
@@ -119,6 +118,17 @@ def approval_references(data: dict[str, Any]) -> Iterator[tuple[tuple[str, ...],
                 "`approver` role may decide a held call"
             ),
         )
+
+
+def _analyzer_holds(data: dict[str, Any]) -> list[str]:
+    """Tools an analyzer of `tool_calls` may hold for a person (they need approvals too)."""
+    tools = _mapping(_mapping(data.get("tool_calls")).get("tools"))
+    return [
+        str(name)
+        for name, rules in tools.items()
+        for rule in _mapping(rules).get("arguments") or ()
+        if "hold" in _mapping(_mapping(rule).get("effects")).values()
+    ]
 
 
 def _mapping(value: Any) -> dict[Any, Any]:

@@ -22,6 +22,7 @@ from gateway.policy.sessions import SessionsSpec, StateSpec, TrimmingSpec
 from gateway.policy.telemetry import PriceSpec, TelemetrySpec
 from gateway.policy.tenant_overrides import LimitsOverride, TrimmingOverride
 from gateway.policy.tiering import TieringSpec
+from gateway.policy.tool_calls import ToolCallsSpec
 from gateway.untrusted.client_text import control_character
 
 
@@ -502,6 +503,7 @@ class Policy(Strict):
     canonicalize: CanonicalizeSpec = CanonicalizeSpec()
     quota: QuotaSpec = QuotaSpec()
     approvals: ApprovalsSpec = ApprovalsSpec()
+    tool_calls: ToolCallsSpec = ToolCallsSpec()
     pools: dict[Name, PoolSpec] = Field(min_length=1)
     models: dict[Name, ModelSpec] = Field(min_length=1)
     tiering: dict[Name, TieringSpec] = Field(

@@ -166,6 +166,21 @@ class GatewayMetrics:
             ["model", "outcome"],
             registry=self.registry,
         )
+        self.tool_calls = Counter(
+            "gateway_tool_calls",
+            "Tool calls engines made, by what became of them: valid, repaired, reasked "
+            "(asked again), escalated (one tier up), refused (the agent told), held (for a "
+            "person's approval by an analyzer) (gateway/toolcalls/).",
+            ["model", "outcome"],
+            registry=self.registry,
+        )
+        self.tool_call_problems = Counter(
+            "gateway_tool_call_problems",
+            "Invalid tool calls by problem: unknown_tool, invalid_json, not_an_object, "
+            "schema, denied; and repairs made: code_fence, closed_json, coerced.",
+            ["model", "problem"],
+            registry=self.registry,
+        )
         self.output_check_failures = Counter(
             "gateway_output_check_failures",
             "Answers that failed a check, by tier and check.",

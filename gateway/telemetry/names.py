@@ -63,6 +63,7 @@ TRIMMED_TOKENS = "gateway.trim.saved_tokens"
 TRIM_FELL_BACK = "gateway.trim.fell_back"
 SESSION_TURN = "gateway.session.turn"
 DEGRADED = "gateway.degraded"
+TOOL_CALLS = "gateway.tool_calls"  # what became of invalid tool calls (gateway/toolcalls/)
 COST_USD = "gateway.cost_usd"
 OVERHEAD_MS = "gateway.overhead_ms"
 

@@ -223,6 +223,9 @@ class RequestRecord:
         self.expected_cached_tokens: int | None = None
         self.fallback: str | None = None
         self.degraded: str | None = None
+        # What became of invalid tool calls, in order: "reask: <why>", "repair: closed_json"
+        # (gateway/toolcalls/checker.py).
+        self.tool_calls: list[str] = []
         self.trimmed_tokens = 0
         self.trim_fell_back = False
         self.result = ResultFacts()
@@ -278,6 +281,9 @@ class RequestRecord:
         if trace.parent_span_id is not None:  # not recorded here: pass the client's on
             return {"traceparent": trace.traceparent(trace.parent_span_id)}
         return {}
+
+    def tool_call_outcome(self, step: str, detail: str) -> None:
+        self.tool_calls.append(f"{step}: {detail[:200]}")
 
     def escalating(self) -> None:
         """The answer just read failed its checks; the next one is read afresh (the

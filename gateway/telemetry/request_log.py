@@ -62,6 +62,7 @@ def log_entry(record: RequestRecord) -> dict[str, Any]:
         "model": record.model,
         "tier": record.tier,
         "tier_reason": record.tier_reason,
+        "tool_calls": record.tool_calls or None,
         "replica": record.replica,
         "reason": record.route_reason,
         "status": record.status,

@@ -184,6 +184,8 @@ class SpanWriter:
             names.ERROR_TYPE: record.error_type,
         }
         attributes.update((k, v) for k, v in optional.items() if v is not None)
+        if record.tool_calls:
+            attributes[names.TOOL_CALLS] = tuple(record.tool_calls)
         if result.finish_reasons:
             attributes[names.GEN_AI_RESPONSE_FINISH_REASONS] = tuple(result.finish_reasons)
         if record.blocks:

@@ -147,7 +147,9 @@ class TierChooser:
                 tier, reason = clamp[tier], f"{reason}; tier {tier} not allowed for the tenant"
         cascade = spec.cascade
         escalate_to = None
-        if checks is not None and cascade.on_fail == "escalate" and tier != highest:
+        # What may fail and move up: an answer's checks, or its tool calls (gateway/toolcalls/).
+        may_fail = checks is not None or (endpoint is Endpoint.chat and bool(body.get("tools")))
+        if may_fail and cascade.on_fail == "escalate" and tier != highest:
             escalate_to = highest
         return TierChoice(
             route.pools[tier],

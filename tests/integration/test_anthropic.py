@@ -50,18 +50,38 @@ def test_a_message_and_its_repeat_reads_the_engine_s_prefix_cache(
 
 
 def test_a_streamed_forced_tool_call(client: anthropic.Anthropic) -> None:
-    with client.messages.stream(
-        model="tiny",
-        max_tokens=64,
-        messages=ASK,
-        tools=[WEATHER],
-        tool_choice={"type": "tool", "name": "get_weather"},
-    ) as stream:
-        names = [event.type for event in stream]
-        message = stream.get_final_message()
+    """vLLM constrains the call's name; the random model's arguments are often cut short
+    by `max_tokens`. Whatever it does, no malformed call arrives as a success: a whole
+    call, the gateway's refusal in the stream, or (the call asked again, unstreamed, and
+    the engine answering in words) no call (gateway/toolcalls/stream_hold.py)."""
+    names: list[str] = []
+    blocks: list[str] = []
+    refused: anthropic.APIStatusError | None = None
+    try:
+        with client.messages.stream(
+            model="tiny",
+            max_tokens=64,
+            messages=ASK,
+            tools=[WEATHER],
+            tool_choice={"type": "tool", "name": "get_weather"},
+        ) as stream:
+            for event in stream:
+                names.append(event.type)
+                if event.type == "content_block_start":
+                    blocks.append(event.content_block.type)
+            message = stream.get_final_message()
+    except anthropic.APIStatusError as exc:
+        refused = exc
+    if refused is not None:
+        assert "tool call was refused" in str(refused) and "get_weather" in str(refused)
+        assert "tool_use" not in blocks  # no half a call before the refusal
+        return
     assert names[0] == "message_start" and names[-1] == "message_stop"
     assert "content_block_start" in names and "message_delta" in names
     tool_uses = [block for block in message.content if block.type == "tool_use"]
+    if not tool_uses:  # asked again, the engine answered in words: no call, no half call
+        assert message.stop_reason != "tool_use"
+        return
     assert [block.name for block in tool_uses] == ["get_weather"]
     assert isinstance(tool_uses[0].input, dict)
     assert message.stop_reason == "tool_use"

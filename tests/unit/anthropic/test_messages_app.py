@@ -456,3 +456,28 @@ def test_claude_code_s_session_is_read_from_its_header_or_metadata(
 ) -> None:
     request = {"model": "m", "max_tokens": 1, "messages": ASK, "metadata": metadata}
     assert chat_request(request, header).conversation == conversation
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_tool_call_that_breaks_its_schema_never_reaches_the_client_as_a_tool_use(
+    app: tuple[TestClient, FakeUpstream], stream: bool
+) -> None:
+    """The engine calls get_weather with a city name where the declared schema wants an
+    integer: asked again once, then refused in Anthropic's error shape (gateway/toolcalls/)."""
+    client, fake = app
+    strict_weather = {**WEATHER, "input_schema": {
+        "type": "object", "properties": {"city": {"type": "integer"}}, "required": ["city"]}}  # fmt: skip
+    request = {"model": "tiny", "max_tokens": 64, "messages": ASK, "tools": [strict_weather],
+               "tool_choice": {"type": "any"}, "stream": stream}  # fmt: skip
+    answer = client.post("/v1/messages", json=request)
+    assert len(fake.calls) == 2  # the request, then one re-ask
+    if not stream:
+        assert answer.status_code == 502
+        error = answer.json()
+        assert error["type"] == "error" and error["error"]["type"] == "api_error"
+        assert "city: 'Oslo' is not of type 'integer'" in error["error"]["message"]
+        return
+    events = events_of(answer)
+    assert events[-1][0] == "error" and "tool call was refused" in str(events[-1][1])
+    starts = [data for name, data in events if name == "content_block_start"]
+    assert all(block["content_block"]["type"] != "tool_use" for block in starts)

@@ -534,7 +534,9 @@ class Findings:
 def answer_problem(response: Any, *, engine_broken: bool) -> str | None:
     """What is wrong with an answer, if anything: an error not in OpenAI's shape, or a
     5xx that is not the engine's doing (a broken engine answer, or an answer that failed
-    the checks the client asked for: 502 output_check_failed)."""
+    the checks the client asked for: 502 output_check_failed, or a tool call that breaks
+    the tools the client declared, as a hostile schema makes the engine twin's fixed
+    call do: 502 invalid_tool_call)."""
     status = response.status_code
     anthropic = response.request.url.path.startswith("/v1/messages")
     try:
@@ -549,7 +551,12 @@ def answer_problem(response: Any, *, engine_broken: bool) -> str | None:
         api = "Anthropic's" if anthropic else "OpenAI's"
         return f"{status}, not in {api} error shape: {response.text[:300]}"
     engines = (502, 503, 504) if engine_broken else ()
-    if status >= 500 and status not in engines and error.get("code") != "output_check_failed":
+    engine_failed_the_client = error.get("code") in ("output_check_failed", "invalid_tool_call")
+    if anthropic:  # Anthropic's shape has no code: the refusal says what it is
+        engine_failed_the_client = error.get("message", "").startswith(
+            ("The model's tool call was refused", "The answer of tier")
+        )
+    if status >= 500 and status not in engines and not engine_failed_the_client:
         return f"{status} {response.text[:300]}"
     return None
 

@@ -22,7 +22,8 @@ def test_every_field_of_every_policy_model_has_a_row() -> None:
     page = render()
     schema = Policy.model_json_schema()
     for key in schema["properties"]:
-        assert f"## `{key}` {{#{key}}}" in page, key  # one section per top-level key
+        anchor = key.replace("_", "-")  # as the page's anchors are written: `tool_calls`
+        assert f"## `{key}` {{#{anchor}}}" in page, key  # one section per top-level key
     for definition in schema["$defs"].values():
         for key, prop in definition.get("properties", {}).items():
             assert f".{key}` |" in page, key

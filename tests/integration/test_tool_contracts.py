@@ -1,0 +1,161 @@
+"""Tool-call contracts against real vLLM: the engine's own tool parser makes the calls, a
+real gateway process checks them, the openai SDK and LangChain are the agents.
+
+The tiny model's weights are random. To make it call a tool in a chosen way, vLLM's
+structured outputs constrain its text to the Hermes call markup (as in test_approvals.py),
+which vLLM's parser turns into real `tool_calls`: a valid call, a call to a tool the request
+never declared, arguments that break the tool's schema. Left unconstrained it produces
+whatever it produces; then no malformed call may ever arrive as a success."""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import jsonschema
+import openai
+import pytest
+from langchain_core.messages import AIMessage, HumanMessage
+from langchain_openai import ChatOpenAI
+from openai.types.chat import ChatCompletionFunctionToolParam, ChatCompletionMessageParam
+
+from tests.conftest import SHARED_DATA
+from tests.integration.conftest import Engines, Gateway, running_gateway
+
+pytestmark = pytest.mark.engine
+
+TAU_TOOLS = json.loads(
+    (SHARED_DATA / "agent-trajectories" / "tau_bench_airline_tools.json").read_text()
+)
+DETAILS: ChatCompletionFunctionToolParam = next(
+    t for t in TAU_TOOLS if t["function"]["name"] == "get_reservation_details"
+)
+ASK: list[ChatCompletionMessageParam] = [
+    {"role": "user", "content": "Where is my reservation ZFA04Y?"}
+]
+
+
+def forced(name: str, arguments: str) -> dict[str, Any]:
+    """The engine made to call `name` with exactly `arguments` (JSON text)."""
+    markup = json.dumps({"name": name, "arguments": json.loads(arguments)})
+    return {"structured_outputs": {"regex": "<tool_call>\n" + re.escape(markup) + "\n</tool_call>"}}
+
+
+@pytest.fixture(scope="module")
+def checking(
+    engines: Engines, redis_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Gateway]:
+    work = tmp_path_factory.mktemp("tool-contracts")
+    policy = work / "policy.yaml"
+    policy.write_text(
+        f"""\
+version: 1
+state: {{redis_url: "{redis_url}"}}
+pools:
+  tiny-chat: {{served_model: tiny, engine_state: {engines.state_file}}}
+models:
+  tiny: {{pool: tiny-chat}}
+  tiny-says: {{pool: tiny-chat}}
+tool_calls:
+  models:
+    tiny-says: {{refuse_as: message}}
+"""
+    )
+    with running_gateway(policy, work / "gateway.log") as gateway:
+        yield gateway
+
+
+def counts(gateway: Gateway, model: str) -> dict[str, float]:
+    with urllib.request.urlopen(f"{gateway.base_url}/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    found: dict[str, float] = {}
+    for line in text.splitlines():
+        match = re.match(
+            r'gateway_tool_calls_total\{model="([^"]+)",outcome="([^"]+)"\} (\S+)', line
+        )
+        if match and match.group(1) == model:
+            found[match.group(2)] = float(match.group(3))
+    return found
+
+
+@pytest.fixture
+def client(checking: Gateway) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=checking.v1, api_key="unused", max_retries=0, timeout=120) as made:
+        yield made
+
+
+def test_a_valid_call_reaches_the_agent(client: openai.OpenAI, checking: Gateway) -> None:
+    before = counts(checking, "tiny").get("valid", 0)
+    answer = client.chat.completions.create(
+        model="tiny", messages=ASK, tools=[DETAILS], max_tokens=80, temperature=0,
+        extra_body=forced("get_reservation_details", '{"reservation_id": "ZFA04Y"}'),
+    )  # fmt: skip
+    call = answer.choices[0].message.tool_calls[0]  # type: ignore[index]
+    assert call.function.name == "get_reservation_details"  # type: ignore[union-attr]
+    assert json.loads(call.function.arguments) == {"reservation_id": "ZFA04Y"}  # type: ignore[union-attr]
+    assert counts(checking, "tiny")["valid"] == before + 1
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_undeclared_tool_is_asked_again_then_refused(
+    client: openai.OpenAI, checking: Gateway, stream: bool
+) -> None:
+    before = counts(checking, "tiny")
+
+    def ask() -> None:
+        answer = client.chat.completions.create(
+            model="tiny", messages=ASK, tools=[DETAILS], max_tokens=80, temperature=0,
+            stream=stream, extra_body=forced("delete_everything", '{"all": true}'),
+        )  # fmt: skip
+        if stream:
+            for _ in answer:
+                pass
+
+    with pytest.raises(openai.APIError) as raised:
+        ask()
+    assert "delete_everything" in str(raised.value)
+    after = counts(checking, "tiny")
+    assert after["refused"] == before.get("refused", 0) + 1
+    if not stream:  # a whole answer is asked again once; a live stream is not
+        assert after["reasked"] == before.get("reasked", 0) + 1
+
+
+def test_a_call_that_breaks_the_schema_is_told_to_the_agent_framework(checking: Gateway) -> None:
+    with httpx.Client(timeout=120) as http:
+        llm = ChatOpenAI(
+            base_url=checking.v1, api_key="unused", model="tiny-says", max_retries=0,
+            http_client=http, max_tokens=80, temperature=0,
+        )  # fmt: skip
+        bound = llm.bind_tools([dict(DETAILS)]).bind(
+            extra_body=forced("get_reservation_details", '{"reservation": 5}')
+        )
+        reply = bound.invoke([HumanMessage("Where is my reservation ZFA04Y?")])
+    assert isinstance(reply, AIMessage)
+    assert not reply.tool_calls  # never a malformed call as a success
+    assert "'reservation_id' is a required property" in str(reply.content)
+    assert counts(checking, "tiny-says")["refused"] >= 1
+
+
+def test_whatever_the_random_model_calls_is_valid_or_refused(client: openai.OpenAI) -> None:
+    """Unconstrained, tool_choice auto, as agents send it: every call that arrives as a
+    success names a declared tool with arguments its schema accepts."""
+    schema = DETAILS["function"]["parameters"]
+    refusals: list[openai.APIStatusError] = []
+    for seed in range(8):
+        try:
+            answer = client.chat.completions.create(
+                model="tiny", messages=ASK, tools=[DETAILS], max_tokens=40, seed=seed,
+                temperature=1.0,
+            )  # fmt: skip
+        except openai.APIStatusError as exc:
+            refusals.append(exc)
+            continue
+        for call in answer.choices[0].message.tool_calls or ():
+            assert call.function.name == "get_reservation_details"  # type: ignore[union-attr]
+            jsonschema.validate(json.loads(call.function.arguments), schema)  # type: ignore[union-attr]
+    for refusal in refusals:  # refused, never passed on: an OpenAI-shaped 502
+        assert refusal.status_code == 502 and "invalid_tool_call" in refusal.response.text
