@@ -11,9 +11,10 @@ redis-py 8.1's asyncio connection writes through `self._writer` after a suspensi
 and the cluster client disconnects a node's idle connections after any connection error
 or timeout while other commands may already have taken one of them: that command then
 fails with `AttributeError: 'NoneType' object has no attribute 'writelines'`, which no
-retry classifies (seen once in CI on a loaded machine; redis-py#3546, fixed upstream by
-redis-py#4288, unreleased in 8.1). Cluster connections here check the writer first and
-raise `ConnectionError` instead: nothing was sent, so redis-py's own retry repeats it.
+retry classifies (seen once in CI on a loaded machine; redis-py#3546). Cluster
+connections here check the writer first and raise `ConnectionError` instead: nothing was
+sent, so redis-py's own retry repeats it. redis-py 8.2 no longer disconnects them on an
+error: it marks them, and each reconnects when it is next taken; the check stays for 8.1.
 
 A cluster it cannot reach, or one that leaves slots uncovered, raises redis-py's
 `RedisClusterException`, which is no `RedisError`; it is raised as `ClusterUnavailable`
