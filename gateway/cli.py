@@ -19,6 +19,7 @@ gateway keys revoke KEY_ID [--policy FILE]
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import os
@@ -35,6 +36,9 @@ from gateway.policy.schema import RoutingSpec
 from gateway.tenants.cli import add_keys_parser
 
 DEFAULT_POLICY = "policies/default.yaml"
+# Allocations between two collections of the youngest generation (gc.set_threshold)
+# in a serving process; measured in make bench (docs/benchmarks/overhead.md).
+_GC_YOUNG_THRESHOLD = 20_000
 
 
 def _policy_path(explicit: str | None) -> str:
@@ -126,6 +130,12 @@ def _serve_process(args: argparse.Namespace) -> int:
         flush=True,
     )
     raise_descriptor_limit(policy.server)
+    # The collector's youngest generation is examined every 700 allocations by default:
+    # several times per request here (a 25 KB chat body alone parses into ~250
+    # containers), each time walking what the requests in flight still hold and
+    # promoting it towards the full collections. Reference counting frees nearly all of
+    # a request's objects; the collector only finds cycles, so it can wait longer.
+    gc.set_threshold(_GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
     log_config = redacting_log_config(LOGGING_CONFIG)
     config = uvicorn.Config(
         app,
@@ -137,6 +147,10 @@ def _serve_process(args: argparse.Namespace) -> int:
         log_config=tagged_log_config(log_config, worker) if worker else log_config,
         access_log=args.access_log,
         timeout_graceful_shutdown=args.drain_s,
+        # Nothing in the gateway reads the client's address, so uvicorn's X-Forwarded-For
+        # rewriting (a header walk per request, on by default) would be work for nothing;
+        # the access log, when on, names the peer that connected.
+        proxy_headers=False,
     )
     server = uvicorn.Server(config)
     # A worker binds the shared port itself (SO_REUSEPORT); one process lets uvicorn bind.

@@ -260,6 +260,20 @@ def anthropic_error_body(
     return body
 
 
+def forget_frames(error: BaseException) -> None:
+    """Drops the tracebacks of an error that has been answered, and of the errors it was
+    raised from. A traceback holds every frame the error passed through, with their
+    locals (the request's body among them); any reference cycle through the error (a
+    retry library's stored outcome holds it, and its frames hold that outcome) would keep
+    them all alive until a full garbage collection."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        current.__traceback__ = None
+        current = current.__cause__ or current.__context__
+
+
 def error_response(
     error: GatewayError, *, request_id: str | None = None, path: str | None = None
 ) -> Response:

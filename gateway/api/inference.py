@@ -31,7 +31,7 @@ from gateway.chat.legacy_functions import (
 )
 from gateway.delivery.served import ConvertedEvents, EventStream, Served
 from gateway.edge.body import read_body
-from gateway.errors import GatewayError, MethodNotAllowed, error_response
+from gateway.errors import GatewayError, MethodNotAllowed, error_response, forget_frames
 from gateway.pipeline import Pipeline
 from gateway.policy import Endpoint
 from gateway.request_context import RequestContext
@@ -100,6 +100,7 @@ class ApiCalls:
         except GatewayError as exc:
             record.error_type = exc.code or exc.error_type
             response = error_response(exc, request_id=request_id, path=path)
+            forget_frames(exc)  # answered: nothing may keep the request alive through it
         except Exception:  # a bug: logged whole, the client told nothing internal
             log.exception("unhandled error on %s %s", scope["method"], path)
             record.error_type = "internal_error"

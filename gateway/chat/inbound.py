@@ -16,7 +16,7 @@ the answer, since the engine compiles it as well.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -52,7 +52,11 @@ class InboundRequest:
     response_schema: ClientSchema | None = None
 
     def with_body(self, body: dict[str, Any]) -> InboundRequest:
-        return replace(self, raw=None, body=body)
+        # Built directly, not by `dataclasses.replace` (a third of the cost, on every
+        # request); the cached properties below are of the old body and are not carried.
+        return InboundRequest(
+            self.endpoint, None, body, self.model, self.stream, self.response_schema
+        )
 
     @functools.cached_property
     def size(self) -> int:

@@ -26,6 +26,7 @@ from typing import Literal
 
 from tenacity import (
     AsyncRetrying,
+    AttemptManager,
     RetryCallState,
     retry_if_exception_type,
     stop_after_attempt,
@@ -223,6 +224,7 @@ class Dispatcher:
             retry=retry_if_exception_type(_Retryable),
             reraise=True,
         )
+        attempt: AttemptManager | None = None
         try:
             async for attempt in retrying:
                 with attempt:
@@ -233,9 +235,20 @@ class Dispatcher:
                     dispatch = await self._try(outbound, tried)
                     dispatch.deadline, dispatch.attempts = deadline, attempts
                     return dispatch
+            raise AssertionError("unreachable: tenacity either returns or raises")
         except _Retryable as exc:
-            raise exc.error from None
-        raise AssertionError("unreachable: tenacity either returns or raises")
+            error = exc.error
+        finally:
+            # Nothing in this frame may keep a try's exception once it ends: the
+            # exception's traceback holds this frame, and the cycle would keep the
+            # request's body alive until the collector finds it (an error storm of
+            # 50,000-token prompts against a dead replica grew the process by 700 MB).
+            del first_failure, retrying
+            attempt = None
+        try:
+            raise error  # outside the handler: no `__context__` back to the try's exception
+        finally:
+            del error  # the raised error's traceback holds this frame
 
     async def _try(self, outbound: _Outbound, tried: set[Replica]) -> Dispatch:
         model = outbound.model
