@@ -182,10 +182,16 @@ class Pipeline:
         self._answers = answers if policy.resilience.response_cache.enabled else None
 
     async def handle(
-        self, endpoint: Endpoint, body: bytes | dict[str, Any], context: RequestContext
+        self,
+        endpoint: Endpoint,
+        body: bytes | dict[str, Any],
+        context: RequestContext,
+        *,
+        parsed: dict[str, Any] | None = None,
     ) -> Served:
-        """`body`: the client's bytes, or a body the gateway built (the Responses API's)."""
-        call = self._parse(endpoint, body, context)  # a model the tenant may use
+        """`body`: the client's bytes, or a body the gateway built (the Responses API's);
+        `parsed`: the client's bytes already parsed, when the caller had to look inside."""
+        call = self._parse(endpoint, body, context, parsed)  # a model the tenant may use
         call = await self._admit(call)  # rate limits and budgets
         call = await self._continue_session(call)  # its stored history, trimmed
         if (kept := await self._approval_answer(call)) is not None:
@@ -229,10 +235,14 @@ class Pipeline:
     # The steps, in order.
 
     def _parse(
-        self, endpoint: Endpoint, body: bytes | dict[str, Any], context: RequestContext
+        self,
+        endpoint: Endpoint,
+        body: bytes | dict[str, Any],
+        context: RequestContext,
+        parsed: dict[str, Any] | None = None,
     ) -> Call:
         tenant = self.tenants.of(context.access.name)
-        request = parse_request(endpoint, body, tenant.limits)
+        request = parse_request(endpoint, body, tenant.limits, parsed=parsed)
         self._check_model(request.model, endpoint, context.access)
         if (defaults := self._defaults.get(request.model)) is not None:
             missing = {k: v for k, v in defaults.items() if k not in request.body}

@@ -25,7 +25,6 @@ from gateway.anthropic.service import MessagesService
 from gateway.chat.inbound import json_object
 from gateway.chat.legacy_functions import (
     function_call_events,
-    may_use_functions,
     to_function_call,
     to_tools,
 )
@@ -124,17 +123,23 @@ async def _call(
             return await messages.count_tokens(body, context, claude_session)
         return await messages.create(body, context, claude_session)
     pipeline: Pipeline = app_state.pipeline
-    if endpoint is Endpoint.chat and may_use_functions(body):
-        return await _legacy_functions(pipeline, body, context)
-    return await pipeline.handle(endpoint, body, context)
+    if endpoint is not Endpoint.chat:
+        return await pipeline.handle(endpoint, body, context)
+    # Parsed here once, for the pipeline too: whether the request uses the legacy
+    # `functions` fields is a look at its keys and its messages' (a scan of the raw
+    # bytes cost 9.8 us on a 25 KB body, 90 on a 50,000-token prompt).
+    parsed = json_object(body)
+    translated = to_tools(parsed)
+    if translated is None:
+        return await pipeline.handle(endpoint, body, context, parsed=parsed)
+    return await _legacy_functions(pipeline, translated, context)
 
 
-async def _legacy_functions(pipeline: Pipeline, raw: bytes, context: RequestContext) -> Served:
-    """A chat request that may use `functions` / `function_call`: sent with tools, and
+async def _legacy_functions(
+    pipeline: Pipeline, translated: tuple[dict[str, Any], bool], context: RequestContext
+) -> Served:
+    """A chat request that uses `functions` / `function_call`: sent with tools, and
     answered in the shape its client asked in (gateway/chat/legacy_functions.py)."""
-    translated = to_tools(json_object(raw))
-    if translated is None:  # the marker was in some text, not a field
-        return await pipeline.handle(Endpoint.chat, raw, context)
     body, legacy_answer = translated
     served = await pipeline.handle(Endpoint.chat, body, context)
     if not legacy_answer:

@@ -103,12 +103,19 @@ def json_object(raw: bytes) -> dict[str, Any]:
 
 
 def parse_request(
-    endpoint: Endpoint, raw: bytes | dict[str, Any], limits: LimitsSpec = _DEFAULT_LIMITS
+    endpoint: Endpoint,
+    raw: bytes | dict[str, Any],
+    limits: LimitsSpec = _DEFAULT_LIMITS,
+    *,
+    parsed: dict[str, Any] | None = None,
 ) -> InboundRequest:
     """The client's bytes, or a body the gateway built from another API's request (the
-    Responses API's), checked against the policy's limits."""
+    Responses API's), checked against the policy's limits. `parsed`: the client's bytes
+    as `json_object` parsed them already."""
     client_bytes = raw if isinstance(raw, bytes) else None
-    body = json_object(raw) if isinstance(raw, bytes) else raw
+    if parsed is None:
+        parsed = json_object(raw) if isinstance(raw, bytes) else raw
+    body = parsed
     model = body.get("model")
     _require(body, "model")
     if not isinstance(model, str) or not model:
