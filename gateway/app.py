@@ -110,6 +110,7 @@ def create_app(
             probes=probes,
         )
         app.state.telemetry = telemetry
+        telemetry.engine_chains = services.engine_chains
         runtime = build_runtime(policy, services)
         await runtime.start(first=True)
         runtime.activate(app.state, services, previous=None)

@@ -606,13 +606,21 @@ class Pipeline:
         record.tier, record.tier_by, record.tier_reason = choice.tier, choice.by, choice.reason
         record.fallback = choice.fallback
         record.blocks, record.route_session = route.blocks, route.session
+        held = decision.engine_held
         record.routed(
-            decision.replica.id, choice.pool.name, decision.reason, decision.cached_blocks
+            decision.replica.id,
+            choice.pool.name,
+            decision.reason,
+            decision.cached_blocks,
+            held.tokens if held is not None else None,
+            held is not None and not held.whole,
         )
         return {**dispatch.headers(), **choice.header_values()}
 
     def _record_route(self, pool: Pool, decision: ReplicaChoice) -> None:
         self._metrics.route_decisions.labels(pool.name, decision.reason).inc()
+        if decision.engine_held is not None and not decision.engine_held.whole:
+            self._metrics.route_engine_evicted.labels(pool.name).inc()
         if decision.total_blocks:
             blocks = self._metrics.prefix_blocks
             blocks.labels(pool.name, "yes").inc(decision.cached_blocks)

@@ -28,7 +28,7 @@ the gateway forget what it learned about the engines:
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import aiohttp
 from starlette.datastructures import State
@@ -40,6 +40,7 @@ from gateway.approvals.gate import ApprovalGate
 from gateway.approvals.store import RedisApprovals
 from gateway.dashboard.fleet_view import FleetView
 from gateway.fleet.discovery import Discovery, DiscoveryMetrics, Resolver
+from gateway.fleet.engine_chains import EngineChains
 from gateway.fleet.engine_metrics import EngineLoad, EngineMetricsScraper, EngineStats
 from gateway.fleet.health import HealthMonitor
 from gateway.fleet.kv_events import KvEventSubscriber
@@ -95,6 +96,9 @@ class Services:
     discovery_metrics: DiscoveryMetrics
     engine_loads: CurrentEngineLoads
     probes: aiohttp.ClientSession | None  # polls /health and /metrics; None: no polling
+    # What the engines' KV events say each conversation still has cached (kept across
+    # reloads, like a kept router's index; fed by the runtime's KV-event subscriber).
+    engine_chains: EngineChains = field(default_factory=EngineChains)
 
 
 @dataclass(eq=False)
@@ -195,7 +199,9 @@ def build_runtime(policy: Policy, services: Services, previous: Runtime | None =
         if previous is not None and previous.policy.routing == policy.routing
         else build_router(policy.routing, time.monotonic, services.engine_loads)
     )
+    chains = services.engine_chains
     fleet.on_departure(lambda replica: router.forget(replica.id))
+    fleet.on_departure(lambda replica: chains.forget(replica.id))
     monitor: HealthMonitor | None = None
     scraper: EngineMetricsScraper | None = None
     client = services.upstream
@@ -215,6 +221,7 @@ def build_runtime(policy: Policy, services: Services, previous: Runtime | None =
     peer_inflight = sharing.peer_inflight if sharing is not None else none_elsewhere
     if isinstance(router, CacheAwareRouter):
         router.peer_inflight = peer_inflight
+        router.engine_held = chains.held_at  # {} while no replica's events are followed
     checkpoints = RedisCheckpoints(redis, ttl_s=policy.sessions.ttl_s)
     tenants = TenantPolicies(policy)  # each tenant's settings, merged once
     trimmer, tenant_trimmers = policy_trimmers(policy.trimming, tenants)
@@ -276,7 +283,7 @@ def build_runtime(policy: Policy, services: Services, previous: Runtime | None =
         ),
         messages=MessagesService(pipeline, tenants=tenants),
         approvals=approvals,
-        kv_events=KvEventSubscriber(fleet.all_replicas, router.forget, metrics),
+        kv_events=KvEventSubscriber(fleet.all_replicas, router.forget, metrics, chains),
         sharing=sharing,
     )
 

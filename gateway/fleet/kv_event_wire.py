@@ -25,7 +25,7 @@ BlockHash = bytes | int
 
 # The engine's own KV cache; other media are offloading tiers (CPU, storage), whose
 # blocks are not what a request reuses at no cost.
-_PRIMARY_MEDIA = (None, "GPU")
+PRIMARY_MEDIA = (None, "GPU")
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,11 +203,11 @@ class EngineView:
         for event in batch.events:
             if isinstance(event, BlocksStored):
                 self.stored += len(event.hashes)
-                if event.medium in _PRIMARY_MEDIA:
+                if event.medium in PRIMARY_MEDIA:
                     self.blocks_held += len(event.hashes)
             elif isinstance(event, BlocksRemoved):
                 self.removed += len(event.hashes)
-                if event.medium in _PRIMARY_MEDIA:
+                if event.medium in PRIMARY_MEDIA:
                     # Never below 0: a view that started after the engine did (its history
                     # no longer replayable) sees removals of blocks it never saw stored.
                     self.blocks_held = max(0, self.blocks_held - len(event.hashes))

@@ -19,8 +19,9 @@ A sequence gap (the engine's send queue overflowed, or the slow start of a ZMQ
 subscription) is asked of the replay socket; so is the history before the first message
 this gateway saw, so that the block count starts right.
 
-Not done here (later work, issue 24): matching the engine's block hashes (of token ids) to
-the router's prefix blocks (of prompt bytes), which needs the engine's tokenization.
+Every event also goes to `EngineChains` (gateway/fleet/engine_chains.py), which matches
+the engine's blocks to conversations through their chains, without tokenizing: what
+routing caps its belief with after an eviction.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
+from gateway.fleet.engine_chains import EngineChains
 from gateway.fleet.kv_event_wire import (
     AllBlocksCleared,
     BlocksRemoved,
@@ -77,9 +79,12 @@ class KvEventSubscriber:
         replicas: Replicas,
         forget: Forget,
         metrics: GatewayMetrics,
+        chains: EngineChains | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._replicas = replicas
+        # Fed every event, so conversations' cached prefixes follow evictions.
+        self._chains = chains if chains is not None else EngineChains()
         self._forget = forget
         self._metrics = metrics
         self._clock = clock
@@ -121,6 +126,7 @@ class KvEventSubscriber:
                 task.add_done_callback(self._leaving.discard)
                 self._forget_metrics(replica_id)
                 self.views.pop(replica_id, None)
+                self._chains.forget(replica_id)
         for replica_id, replica in wanted.items():
             if replica_id not in self._followers:
                 self.views[replica_id] = EngineView(replica_id, since=self._clock())
@@ -226,6 +232,7 @@ class KvEventSubscriber:
         if batch.unknown:
             counted.labels(replica.id, "other").inc(batch.unknown)
         previous = view.quiet_since
+        self._chains.apply(replica.id, batch, self._chains.now() if act else None)
         if view.apply(batch, self._clock() if act else None) and act:
             # The clear came with the engine's next step after it, which ran the requests
             # sent since the previous live message (or, before the first, since this
@@ -236,6 +243,7 @@ class KvEventSubscriber:
 
     def _lost(self, view: EngineView, reason: str) -> None:
         view.reset()
+        self._chains.forget(view.replica)
         self._metrics.kv_blocks_held.labels(view.replica).set(0)
         self._forget_cache(view, reason)
 

@@ -154,7 +154,12 @@ class RoutingWeights(Strict):
     """Exchange rates between costs, in prefill blocks (see gateway/routing/costs.py)."""
 
     prefix: float = Field(1.0, ge=0, description="Per block the replica would have to prefill.")
-    load: float = Field(1.0, ge=0, description="Per block of recent work above the tolerated mean.")
+    load: float = Field(
+        1.0,
+        ge=0,
+        description="Per block of recent work, with this request's prefill added, above the "
+        "tolerated mean.",
+    )
     queue: float = Field(
         0.25,
         ge=0,

@@ -45,7 +45,9 @@ class Candidate(NamedTuple):
     replica: Replica
     cached_blocks: int  # leading blocks of this request the replica is believed to hold
     recent_work: float  # decayed prefill work recently sent to it (routing/load.py)
-    excess_work: float  # how far recent_work is above the candidates' tolerated mean
+    # How far recent_work, with this request's prefill there added, is above the
+    # tolerated mean of the candidates' recent work.
+    excess_work: float
     queued: int  # in flight from every gateway (as last shared) plus waiting in the engine
     kv_usage: float  # engine's KV cache usage, 0..1 (scraped /metrics)
     session_home: bool  # the replica this request's session belongs to
@@ -68,8 +70,11 @@ def prefix_cost(request: RouteRequest, candidates: Sequence[Candidate]) -> list[
 
 
 def load_cost(request: RouteRequest, candidates: Sequence[Candidate]) -> list[float]:
-    """Recent work above the tolerated mean. Below it load is noise, and letting noise
-    outbid a cache hit moves agents between replicas for nothing."""
+    """Recent work, with this request's prefill added, above the tolerated mean. Below it
+    load is noise, and letting noise outbid a cache hit moves agents between replicas for
+    nothing; counting the request's own prefill sends a long uncached prompt to the
+    replica it leaves least loaded (imbalance p95 on the Mooncake replay: docs/benchmarks/
+    scale-out.md)."""
     return [c.excess_work for c in candidates]
 
 

@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from gateway.fleet.engine_chains import Held
 from gateway.fleet.engine_metrics import EngineLoad, EngineLoads
 from gateway.fleet.replicas import Replica
 from gateway.routing.costs import (
@@ -54,6 +55,16 @@ def _no_engine_load(url: str) -> EngineLoad | None:
     return None
 
 
+def nothing_followed(tenant: str, session: str, replicas: Sequence[str]) -> dict[str, Held]:
+    """What the replicas' KV events say of a conversation when none are followed."""
+    return {}
+
+
+# (tenant, session, replica ids) -> what each replica whose KV events are followed still
+# holds of the conversation's last turn there (gateway/fleet/engine_chains.py).
+EngineHeld = Callable[[str, str, Sequence[str]], dict[str, Held]]
+
+
 @dataclass(frozen=True)
 class ReplicaChoice:
     replica: Replica
@@ -61,6 +72,9 @@ class ReplicaChoice:
     cached_blocks: int
     total_blocks: int
     costs: dict[str, float] = field(default_factory=dict)
+    # What the engine's KV events say it still holds of the conversation's previous turn
+    # there (gateway/fleet/engine_chains.py); None when not known.
+    engine_held: Held | None = None
 
     def header(self) -> str:
         return f"{self.reason}; cached_blocks={self.cached_blocks}/{self.total_blocks}"
@@ -151,6 +165,10 @@ class CacheAwareRouter:
         # said (gateway/sharing/); set by whoever shares them. Without it a gateway among
         # K sees a K-th of each replica's queue, and K gateways pile onto one replica.
         self.peer_inflight: Callable[[str], int] = none_elsewhere
+        # What the engines' KV events say a conversation still has cached at a replica
+        # (gateway/fleet/engine_chains.py); set by the runtime. It caps the index's belief
+        # where the engine evicted part of the conversation.
+        self.engine_held: EngineHeld = nothing_followed
         self._sessions: OrderedDict[int, str] = OrderedDict()  # session_hash -> replica id
         # The last placements per replica, for what a cache loss must not erase (`forget`).
         self._recent: dict[str, deque[tuple[float, tuple[int, ...]]]] = {}
@@ -166,7 +184,7 @@ class CacheAwareRouter:
         healthy = available(replicas, exclude)
         if not healthy:
             return None
-        candidates = self._candidates(healthy, request)
+        candidates, held = self._candidates(healthy, request)
         for keep in self._filters:
             candidates = keep(request, candidates)
         totals = [0.0] * len(candidates)
@@ -185,6 +203,7 @@ class CacheAwareRouter:
             cached_blocks=chosen.cached_blocks,
             total_blocks=len(request.blocks),
             costs={name: values[pick] for name, values in priced.items()},
+            engine_held=held.get(chosen.replica.id),
         )
 
     def dispatched(self, decision: ReplicaChoice, request: RouteRequest) -> None:
@@ -229,7 +248,11 @@ class CacheAwareRouter:
     def cached_share(self, replicas: Sequence[Replica], request: RouteRequest) -> float:
         return best_cached_share(self._index, replicas, request)
 
-    def _candidates(self, replicas: Sequence[Replica], request: RouteRequest) -> list[Candidate]:
+    def _candidates(
+        self, replicas: Sequence[Replica], request: RouteRequest
+    ) -> tuple[list[Candidate], dict[str, Held]]:
+        """The candidates, and per replica what its engine's events say it still holds of
+        this conversation's previous turn there, where known."""
         ids = [r.id for r in replicas]
         home: str | None = None
         shared_opening = 0
@@ -245,22 +268,32 @@ class CacheAwareRouter:
         match, blocks = self._index.match, request.blocks
         engine_load = self._engine_loads.get if self._engine_loads else _no_engine_load
         elsewhere = self.peer_inflight
+        known = self.engine_held(request.tenant, session, ids) if session is not None else {}
         out = []
+        whole = len(blocks) + 1
         for replica, rid, work in zip(replicas, ids, recent, strict=True):
             engine = engine_load(replica.url) or _IDLE
+            cached = match(rid, blocks)
+            if known and (held := known.get(rid)) is not None and not held.whole:
+                # The engine evicted part of the conversation's last turn there.
+                cached = min(cached, held.turn_blocks * held.tokens // held.turn_tokens)
+            # Load is priced as it would stand with this request's prefill added: a long
+            # prompt no replica holds goes where it leaves the least work, not wherever
+            # rotation points while every replica is within the tolerated mean.
+            after = work + whole - (cached if cached > shared_opening else shared_opening)
             out.append(
                 Candidate(  # positional: built for every replica on every request
                     replica,
-                    match(rid, blocks),
+                    cached,
                     work,
-                    work - tolerated if work > tolerated else 0.0,
+                    after - tolerated if after > tolerated else 0.0,
                     replica.inflight + elsewhere(rid) + engine.waiting,
                     engine.kv_usage,
                     rid == home,
                     shared_opening,
                 )
             )
-        return out
+        return out, known
 
 
 def placed_work(decision: ReplicaChoice) -> float:

@@ -96,6 +96,13 @@ class GatewayMetrics:
             ["pool", "reason"],
             registry=self.registry,
         )
+        self.route_engine_evicted = Counter(
+            "gateway_route_engine_evicted",
+            "Replica choices where the replica's KV events said it had evicted part of the "
+            "conversation's last turn, so routing believed only what was left.",
+            ["pool"],
+            registry=self.registry,
+        )
         self.prefix_blocks = Counter(
             "gateway_prefix_blocks",
             "Prompt prefix blocks routed, by pool and whether the chosen replica held them.",

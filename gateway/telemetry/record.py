@@ -218,6 +218,10 @@ class RequestRecord:
         self.blocks: tuple[int, ...] = ()
         self.route_session: str | None = None  # what routing keyed on (maybe derived)
         self.cached_blocks = 0
+        # Prompt tokens the engine's KV events said it still held of this conversation's
+        # previous turn at the chosen replica (routing), and whether it had evicted the rest.
+        self.engine_held_tokens: int | None = None
+        self.engine_evicted = False
         # The prompt tokens routing expected the chosen replica to have cached (set when
         # the request is finished: gateway/telemetry/cache_expectation.py).
         self.expected_cached_tokens: int | None = None
@@ -291,13 +295,22 @@ class RequestRecord:
         self.earlier.append((self.pool, self.result))
         self.result = ResultFacts()
 
-    def routed(self, replica: str, pool: str, reason: str, cached: int) -> None:
+    def routed(
+        self,
+        replica: str,
+        pool: str,
+        reason: str,
+        cached: int,
+        engine_held: int | None = None,
+        engine_evicted: bool = False,
+    ) -> None:
         self.replica, self.pool, self.route_reason, self.cached_blocks = (
             replica,
             pool,
             reason,
             cached,
         )
+        self.engine_held_tokens, self.engine_evicted = engine_held, engine_evicted
 
     # -- read at the end ----------------------------------------------------------------
 

@@ -74,6 +74,7 @@ def log_entry(record: RequestRecord) -> dict[str, Any]:
         "prompt_tokens": result.prompt_tokens,
         "cached_tokens": result.cached_tokens,
         "expected_cached_tokens": record.expected_cached_tokens,
+        "engine_held_tokens": record.engine_held_tokens,
         "output_tokens": result.completion_tokens,
         "trimmed_tokens": record.trimmed_tokens,
         "attempts": len(record.attempts),

@@ -10,7 +10,7 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from opentelemetry.sdk.trace import SpanProcessor
 from prometheus_client import Counter, Histogram
@@ -30,6 +30,15 @@ from gateway.telemetry.usage import UsageBook, UsageLedger, day_of
 from gateway.tenants.identity import DEFAULT_TENANT
 
 log = logging.getLogger(__name__)
+
+
+class TurnListener(Protocol):
+    """Told of each answered conversation turn (gateway/fleet/engine_chains.py)."""
+
+    def answered(
+        self, conversation: tuple[str, str, str], sent_at: float, prompt_tokens: int, blocks: int
+    ) -> None: ...
+
 
 _NO_TIER = "none"  # label value when no tier was chosen (the request failed before)
 _Metric = TypeVar("_Metric", Counter, Histogram)
@@ -58,6 +67,9 @@ class Telemetry:
         self._flusher: Periodic | None = None
         self._children: dict[tuple[object, tuple[str, ...]], Any] = {}  # see _child
         self.cache_expectation = CacheExpectation()
+        # Told of each answered conversation turn, to match its engine's KV blocks (set by
+        # the app; gateway/fleet/engine_chains.py).
+        self.engine_chains: TurnListener | None = None
 
     def open(self, usage: UsageLedger | None) -> None:
         """Start what runs in the background: span export, the request log's writer
@@ -91,6 +103,8 @@ class Telemetry:
     def finish(self, record: RequestRecord) -> None:
         """Called once per request, after its last byte was sent."""
         record.expected_cached_tokens = self.cache_expectation.observe(record)
+        if self.engine_chains is not None:
+            self._answered(self.engine_chains, record)
         spend = self.prices.spend(record)
         self._count(record, spend)
         counts = spend.counts(record.status >= 400)
@@ -111,6 +125,16 @@ class Telemetry:
                 self._spans.write(record)
             except Exception:  # telemetry must never fail a request that was served
                 log.exception("spans of request %s not written", record.request_id)
+
+    @staticmethod
+    def _answered(chains: TurnListener, record: RequestRecord) -> None:
+        prompt, session, replica = record.result.prompt_tokens, record.route_session, record.replica
+        if session is None or replica is None or not prompt or not record.blocks:
+            return
+        if record.status >= 400:
+            return  # not computed by the engine, or not all of it
+        sent_at = record.start_ns / 1e9  # perf_counter, EngineChains' clock
+        chains.answered((record.tenant, session, replica), sent_at, prompt, len(record.blocks))
 
     @contextmanager
     def decision(

@@ -30,6 +30,14 @@ or not (pool `kv_events`), both engines' prefix caches cleared once half the tur
 vLLM's CPU backend sizes its cache in whole GiB, 2M tokens of this model, which no run
 fills) and each gateway an index of that size, so that engines evict during the run; the
 gateways following KV events count the engines' BlockRemoved events as the proof.
+`--cache-blocks N` sets another size (513, the least vLLM accepts for this profile's
+16,384-token context: 512 blocks of 32 tokens plus the null block it holds back, evicts
+conversations between their turns); the pair "gateway, KV
+events" / "gateway, no KV events" is the prediction error with and without events on
+evictions alone. `--think-s` waits between an answer and the conversation's next turn
+(the tool runs, the user answers; 0 by default: the next turn goes at once), and
+`--skip-conversations N` takes the conversations after the first N (a part of the file
+kept out of design choices).
 Prediction error per gateway target, from its request logs: sum |expected_cached_tokens -
 cached_tokens| / sum prompt_tokens over the requests that have both.
 
@@ -72,7 +80,6 @@ BALANCER_SEED = 24
 # sized like it (routing.index_blocks_per_replica: "size it like the engine's cache"), in
 # its own blocks of 512 prompt bytes, about 128 tokens.
 SMALL_CACHE_BLOCKS = 1024
-SMALL_CACHE_INDEX_BLOCKS = SMALL_CACHE_BLOCKS * 32 // 128
 
 
 @dataclass(frozen=True)
@@ -118,6 +125,10 @@ SCALE_OUT = [
     Target("2 gateways, no sharing", "gateway", gateways=2, sharing=False, kv_events=True),
     Target("gateway, KV events, cleared midway", "gateway", kv_events=True, clear_midway=True),
     Target("gateway, no KV events, cleared midway", "gateway", clear_midway=True),
+    # Evictions alone, no reset: with --cache-blocks small enough that the engines evict
+    # conversations between their turns, what the KV events save the prediction.
+    Target("gateway, KV events", "gateway", kv_events=True),
+    Target("gateway, no KV events", "gateway"),
 ]
 UNCANONICALISED = Target(
     "gateway, tools shuffled, no canonicalization",
@@ -127,13 +138,16 @@ UNCANONICALISED = Target(
 )
 
 
-def conversations(limit: int, max_chars: int) -> list[list[dict[str, Any]]]:
-    """Per conversation, the request bodies of its assistant turns, in order."""
+def conversations(limit: int, max_chars: int, skip: int = 0) -> list[list[dict[str, Any]]]:
+    """Per conversation, the request bodies of its assistant turns, in order: `limit`
+    conversations after the first `skip`."""
     out: list[list[dict[str, Any]]] = []
     with DATA.open() as lines:
-        for line in lines:
+        for number, line in enumerate(lines):
             if len(out) == limit:
                 break
+            if number < skip:
+                continue
             record = json.loads(line)
             turns: list[dict[str, Any]] = []
             for i, message in enumerate(record["messages"]):
@@ -191,7 +205,7 @@ def request_logs(target: Target) -> list[Path]:
 
 
 def start_target(
-    target: Target, workers: list[str], work: Path, small_cache: bool = False
+    target: Target, workers: list[str], work: Path, cache_blocks: int | None = None
 ) -> tuple[list[subprocess.Popen[bytes]], list[str]]:
     """The target's processes (one but for K gateways) and the base URL of each."""
     slug = target_slug(target)
@@ -208,7 +222,8 @@ def start_target(
     if target.gateways > 1:
         empty_bench_redis()
         redis_url, pool = BENCH_REDIS, f"tiny-{os.urandom(4).hex()}"
-    index_blocks = SMALL_CACHE_INDEX_BLOCKS if small_cache else None
+    # The index sized like the engine's cache, in its own blocks of about 128 tokens.
+    index_blocks = cache_blocks * 32 // 128 if cache_blocks else None
     procs: list[subprocess.Popen[bytes]] = []
     bases: list[str] = []
     try:
@@ -313,6 +328,7 @@ async def run_workload(
     shuffle: bool,
     keys: tuple[str, ...] = (),
     midway: Callable[[], Coroutine[Any, Any, None]] | None = None,
+    think_s: float = 0.0,
 ) -> dict[str, Any]:
     """Every conversation turn by turn, 4 at a time; with `keys`, conversation i is sent
     with key i mod len(keys) (a tenant each). Each request goes to one of `bases` drawn at
@@ -330,7 +346,9 @@ async def run_workload(
         while not queue.empty():
             index, conv = queue.get_nowait()
             headers = {"Authorization": f"Bearer {keys[index % len(keys)]}"} if keys else {}
-            for turn in conv:
+            for number, turn in enumerate(conv):
+                if number and think_s:
+                    await asyncio.sleep(think_s)  # the tool runs, the user answers
                 tools = list(turn["tools"])
                 if shuffle:
                     rng.shuffle(tools)
@@ -444,11 +462,12 @@ class Engines:
     urls: list[str]
 
 
-def start_engines(work: Path, small_cache: bool = False) -> Iterator[Engines]:
+def start_engines(work: Path, cache_blocks: int | None = None) -> Iterator[Engines]:
+    """Two cpu-tiny replicas; with `cache_blocks`, of that many KV blocks each."""
     paths = Paths.under(work / "engines")
     profile = load_profile("cpu-tiny")
-    if small_cache:
-        override = ("--num-gpu-blocks-override", str(SMALL_CACHE_BLOCKS))
+    if cache_blocks:
+        override = ("--num-gpu-blocks-override", str(cache_blocks))
         profile = profile.model_copy(update={"extra_args": (*profile.extra_args, *override)})
     os.environ["VLLM_SERVER_DEV_MODE"] = "1"  # enables POST /reset_prefix_cache
     records = up(
@@ -493,11 +512,13 @@ def summarise(results: dict[str, Any]) -> dict[str, float]:
     shared_state, router = uncached("2 gateways, shared state"), uncached("vllm-router cache_aware")
     if shared_state is not None and router:
         summary["two_gateways_shared_over_vllm_router"] = round(shared_state / router, 3)
-    followed, ignored = (results.get(t.name) for t in SCALE_OUT[2:])
-    if followed and ignored and ignored.get("prediction_error"):
-        summary["prediction_error_with_events_over_without"] = round(
-            followed["prediction_error"] / ignored["prediction_error"], 3
-        )
+    for key, pair in (
+        ("prediction_error_with_events_over_without_cleared", SCALE_OUT[2:4]),
+        ("prediction_error_with_events_over_without", SCALE_OUT[4:6]),
+    ):
+        followed, ignored = (results.get(t.name) for t in pair)
+        if followed and ignored and ignored.get("prediction_error"):
+            summary[key] = round(followed["prediction_error"] / ignored["prediction_error"], 3)
     shuffled = results.get("gateway, tools shuffled")
     if ours is not None and shuffled:
         drop = results["gateway cache-aware"]["cached_share"] - shuffled["cached_share"]
@@ -508,6 +529,18 @@ def summarise(results: dict[str, Any]) -> dict[str, float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--conversations", type=int, default=24)
+    parser.add_argument(
+        "--skip-conversations",
+        type=int,
+        default=0,
+        help="start after this many conversations of the file (a part kept out of design)",
+    )
+    parser.add_argument(
+        "--think-s",
+        type=float,
+        default=0.0,
+        help="seconds between an answer and the conversation's next turn (tools, the user)",
+    )
     parser.add_argument("--max-context-chars", type=int, default=30_000)
     parser.add_argument("--out", default=str(ROOT / ".run" / "bench" / "tau-routing.json"))
     parser.add_argument(
@@ -534,7 +567,14 @@ def main() -> int:
         action="store_true",
         help=f"engines of {SMALL_CACHE_BLOCKS} KV blocks, so that they evict during the run",
     )
+    parser.add_argument(
+        "--cache-blocks",
+        type=int,
+        help="engines of this many KV blocks of 32 tokens (implies --small-cache; at least "
+        "513: the profile's max_model_len over the block size, plus vLLM's null block)",
+    )
     args = parser.parse_args()
+    cache_blocks = args.cache_blocks or (SMALL_CACHE_BLOCKS if args.small_cache else None)
     targets = [*TARGETS, UNCANONICALISED] if args.with_uncanonicalized else TARGETS
     if args.with_tenants:
         targets = [*targets, *TENANTS]
@@ -545,7 +585,7 @@ def main() -> int:
         if unknown:
             parser.error(f"unknown targets {sorted(unknown)}; known: {[t.name for t in targets]}")
         targets = [t for t in targets if t.name in args.only]
-    convs = conversations(args.conversations, args.max_context_chars)
+    convs = conversations(args.conversations, args.max_context_chars, args.skip_conversations)
     print(
         f"bench: {len(convs)} tau-bench conversations, {sum(map(len, convs))} turns, {CONCURRENCY} at a time",
         flush=True,
@@ -553,12 +593,12 @@ def main() -> int:
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="agw-bench-") as tmp:
         work = Path(tmp)
-        for engines in start_engines(work, args.small_cache):
+        for engines in start_engines(work, cache_blocks):
             for target in targets:
                 reset_caches(engines.urls)
                 before = served(engines.urls)
                 workers = engines.urls[: target.replicas]
-                procs, bases = start_target(target, workers, work, args.small_cache)
+                procs, bases = start_target(target, workers, work, cache_blocks)
                 cleared: list[float] = []
                 try:
                     began = time.monotonic()
@@ -569,7 +609,7 @@ def main() -> int:
                         else None
                     )
                     figures = asyncio.run(
-                        run_workload(bases, convs, target.shuffle_tools, keys, midway)
+                        run_workload(bases, convs, target.shuffle_tools, keys, midway, args.think_s)
                     )
                     figures["seconds"] = round(time.monotonic() - began, 1)
                     if cleared:
@@ -593,8 +633,9 @@ def main() -> int:
                       f"({figures['seconds']}s)", flush=True)  # fmt: skip
     summary = summarise(results)
     report = {"conversations": len(convs), "turns": sum(map(len, convs)), "concurrency": CONCURRENCY,
+              "skipped_conversations": args.skip_conversations, "think_s": args.think_s,
               "replicas": 2, "profile": "cpu-tiny", "targets": results, "summary": summary,
-              "engine_kv_blocks": SMALL_CACHE_BLOCKS if args.small_cache else None}  # fmt: skip
+              "engine_kv_blocks": cache_blocks}  # fmt: skip
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")

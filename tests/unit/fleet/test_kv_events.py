@@ -18,6 +18,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
+from gateway.fleet.engine_chains import EngineChains
 from gateway.fleet.kv_event_wire import (
     AllBlocksCleared,
     BlocksRemoved,
@@ -293,7 +294,10 @@ class Following:
         self.metrics = GatewayMetrics()
         self.listed = [self.replica]  # what the fleet lists
         self.kept_since: list[float | None] = []  # what each forget was told to keep
-        self.subscriber = KvEventSubscriber(lambda: self.listed, self._forget, self.metrics)
+        self.chains = EngineChains()
+        self.subscriber = KvEventSubscriber(
+            lambda: self.listed, self._forget, self.metrics, self.chains
+        )
 
     def _forget(self, replica: str, keep_since: float | None) -> None:
         self.kept_since.append(keep_since)
@@ -358,6 +362,25 @@ async def test_a_clear_reaches_the_routers_index_within_a_second(following: Foll
     # The router keeps what was sent after the message before the clear arrived: those
     # requests ran in the step that published the clear, after it.
     assert following.kept_since == [stored_at]
+
+
+async def test_an_eviction_reaches_the_conversation_it_belongs_to(following: Following) -> None:
+    engine, chains = following.engine, following.chains
+    conversation = ("default", "conv-1", following.replica.id)
+    sent = chains.now()
+    await engine.publish(0, stored(1, 2, 3))
+    await until(lambda: following.view.blocks_held == 3)
+    chains.answered(conversation, sent, 100, 1)  # 3 whole blocks of 32 tokens, and 4 over
+    held = chains.held(conversation)
+    assert held is not None and (held.tokens, held.whole) == (96, True)
+    await engine.publish(1, removed(3))
+    await until(lambda: following.view.blocks_held == 2)
+    held = chains.held(conversation)
+    assert held is not None and (held.tokens, held.whole) == (64, False)
+    await engine.publish(2, CLEARED)
+    await until(lambda: following.view.blocks_held == 0)
+    held = chains.held(conversation)
+    assert held is not None and held.tokens == 0
 
 
 async def test_a_gap_is_filled_from_the_replay_socket(following: Following) -> None:

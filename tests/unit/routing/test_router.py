@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+from gateway.fleet.engine_chains import Held
 from gateway.fleet.engine_metrics import EngineLoad
 from gateway.fleet.replicas import Replica
 from gateway.routing.costs import RouteRequest
@@ -88,6 +90,21 @@ def test_a_shared_first_block_alone_does_not_decide() -> None:
     # Same first block, different conversation: costs differ by one block only, load decides.
     second = send(r, pool, RouteRequest((1, *range(50, 80))))
     assert second is not first
+
+
+def test_a_long_uncached_prompt_goes_where_it_leaves_the_least_work() -> None:
+    """Recent work below the tolerated mean costs nothing on its own, but a prompt no
+    replica holds adds its whole prefill wherever it goes: priced after it is added, the
+    least busy replica takes it rather than whichever rotation or queues would pick."""
+    pool = replicas(4)
+    r = router()
+    for replica, work in zip(pool, (10.0, 10.0, 12.0, 0.0), strict=True):
+        r.learn(replica.id, (), work)  # recent work all within the tolerated mean but one
+    pool[3].inflight = 1  # the idle replica has one decoding request: its queue costs more
+    decision = r.choose(pool, RouteRequest(tuple(range(1000, 1030))))
+    assert decision is not None
+    assert decision.replica is pool[3]
+    assert decision.reason == "load"
 
 
 def test_recent_work_decays() -> None:
@@ -280,3 +297,31 @@ def test_requests_other_gateways_have_in_flight_count_in_the_queue_it_prices() -
     decision = r.choose(pool, request)
     assert decision is not None and decision.replica is pool[0]
     assert decision.costs["queue"] == 1.0
+
+
+def test_what_a_replica_evicted_of_a_conversation_caps_what_it_is_believed_to_hold() -> None:
+    """The engine's KV events say the session's replica evicted part of its last turn
+    (gateway/fleet/engine_chains.py): the index's belief is capped to what is left, in
+    proportion, and the choice carries the engine's figure for the expectation."""
+    pool, clock = replicas(2), Clock()
+    r = router(clock)
+    request = RouteRequest(tuple(range(40)), session="conv-1")
+    home = send(r, pool, request)
+    clock.now = 1000.0  # the first turn's work no longer counts
+    follow_up = RouteRequest((*range(40), 41), session="conv-1")
+
+    def evicted(tenant: str, session: str, replicas: Sequence[str]) -> dict[str, Held]:
+        assert (tenant, session) == ("default", "conv-1")
+        return {home.id: Held(tokens=2_500, whole=False, turn_tokens=10_000, turn_blocks=40)}
+
+    r.engine_held = evicted
+    decision = r.choose(pool, follow_up)
+    assert decision is not None
+    assert decision.replica is home  # the session still decides; 10 blocks are left there
+    assert decision.cached_blocks == 10
+    assert decision.engine_held == Held(2_500, False, 10_000, 40)
+    r.engine_held = lambda tenant, session, ids: {home.id: Held(5_000, True, 5_000, 40)}  # no cap
+    decision = r.choose(pool, follow_up)
+    assert decision is not None
+    assert decision.cached_blocks == 40
+    assert decision.engine_held == Held(5_000, True, 5_000, 40)

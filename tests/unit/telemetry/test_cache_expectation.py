@@ -42,6 +42,23 @@ def test_the_next_turn_expects_the_previous_prompt_in_whole_blocks() -> None:
     assert expectation.observe(answered(BLOCKS[:31], 30, 9_923, 9_760)) == 9_760
 
 
+def test_what_the_engine_evicted_of_the_last_turn_is_not_expected() -> None:
+    """Routing capped its belief with the engine's KV events (gateway/fleet/
+    engine_chains.py): the expectation follows the eviction, not the turn before it."""
+    expectation = CacheExpectation()
+    learned_granule(expectation, 32)
+    expectation.observe(answered(BLOCKS[:30], 0, 9_772, 0))
+    evicted = answered(BLOCKS[:31], 30, 9_923, 6_400)
+    evicted.engine_held_tokens, evicted.engine_evicted = 6_400, True
+    assert expectation.observe(evicted) == 6_400
+    elsewhere = answered(BLOCKS, 20, 10_001, None, session=None)  # by the share of blocks
+    elsewhere.engine_held_tokens, elsewhere.engine_evicted = 1_024, True
+    assert expectation.observe(elsewhere) == 1_024
+    whole = answered(BLOCKS, 20, 10_001, None, session=None)  # held whole: the belief stands
+    whole.engine_held_tokens = 1_024
+    assert expectation.observe(whole) == 4_992
+
+
 def test_without_a_previous_turn_the_share_of_blocks_is_rounded_to_the_granule() -> None:
     expectation = CacheExpectation()
     assert expectation.observe(answered(BLOCKS, 20, 10_001, None, session=None)) == 5_000
