@@ -42,10 +42,11 @@ from gateway.fleet.kv_event_wire import (
     EventBatch,
 )
 
-# Blocks remembered per replica, held or removed (a removed block's place in its chain is
-# what tells a conversation where its held prefix ends): well above a CPU engine's cache;
-# a GPU engine's is larger, and the bound grows with the most blocks seen held at once.
-_MIN_KNOWN_BLOCKS = 65_536
+# Blocks remembered per replica beyond the most it was seen to hold at once: the removed
+# ones, whose place in their chains tells a conversation where its held prefix ends.
+# (About 330 bytes per block with vLLM's sha256 hashes, measured: a GPU engine holding
+# 300,000 blocks costs about 120 MB here.)
+_REMOVED_KEPT = 65_536
 # Stores remembered per depth and replica for finding a turn's tip: more than an engine
 # stores at one depth between a turn's answer and its conversation's next request. (Per
 # depth: under cache pressure every request recomputes hundreds of blocks, and one list
@@ -148,7 +149,7 @@ class EngineChains:
                     stores.append((at, block))
             parent = block
         state.peak_held = max(state.peak_held, len(held))
-        limit = max(_MIN_KNOWN_BLOCKS, 4 * state.peak_held)
+        limit = state.peak_held + _REMOVED_KEPT
         while len(known) > limit:
             known.popitem(last=False)
 
