@@ -94,6 +94,7 @@ class RoutingShare:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.instance = instance
+        self._own = instance.encode()  # an entry's `g` field when this gateway wrote it
         self._redis = redis
         self._spec = spec
         self._fleet = fleet
@@ -242,13 +243,13 @@ class RoutingShare:
                     self._apply(pool, fields)
 
     def _apply(self, pool: str, fields: dict[bytes, bytes]) -> None:
+        if fields.get(b"g") == self._own:
+            return  # read back from the stream: not decoded (with one gateway, every entry)
         try:
             batch = decode_batch(fields)
         except MalformedBatch as exc:
             log.warning("routing sharing: a malformed entry in pool %s's stream: %s", pool, exc)
             self._metrics.sharing_placements.labels("dropped").inc()
-            return
-        if batch.gateway == self.instance:
             return
         known = self._fleet.pools.get(pool)
         ids = {r.id for r in known.replicas} if known is not None else set()
