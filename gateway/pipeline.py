@@ -613,13 +613,13 @@ class Pipeline:
             decision.reason,
             decision.cached_blocks,
             held.tokens if held is not None else None,
-            held is not None and not held.whole,
+            held is not None and held.evicted,
         )
         return {**dispatch.headers(), **choice.header_values()}
 
     def _record_route(self, pool: Pool, decision: ReplicaChoice) -> None:
         self._metrics.route_decisions.labels(pool.name, decision.reason).inc()
-        if decision.engine_held is not None and not decision.engine_held.whole:
+        if decision.engine_held is not None and decision.engine_held.evicted:
             self._metrics.route_engine_evicted.labels(pool.name).inc()
         if decision.total_blocks:
             blocks = self._metrics.prefix_blocks

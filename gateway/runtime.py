@@ -157,6 +157,7 @@ class Runtime:
             for replica in previous.fleet.all_replicas():
                 if replica.id not in kept:  # a pool or replica the new policy dropped
                     self.router.forget(replica.id)
+                    services.engine_chains.forget(replica.id)
         registry.register(self.fleet_view)
         state.runtime = self
         state.fleet = self.fleet
@@ -199,9 +200,8 @@ def build_runtime(policy: Policy, services: Services, previous: Runtime | None =
         if previous is not None and previous.policy.routing == policy.routing
         else build_router(policy.routing, time.monotonic, services.engine_loads)
     )
-    chains = services.engine_chains
+    chains = services.engine_chains  # replicas that leave are forgotten by the subscriber
     fleet.on_departure(lambda replica: router.forget(replica.id))
-    fleet.on_departure(lambda replica: chains.forget(replica.id))
     monitor: HealthMonitor | None = None
     scraper: EngineMetricsScraper | None = None
     client = services.upstream

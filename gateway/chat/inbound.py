@@ -113,9 +113,7 @@ def parse_request(
     Responses API's), checked against the policy's limits. `parsed`: the client's bytes
     as `json_object` parsed them already."""
     client_bytes = raw if isinstance(raw, bytes) else None
-    if parsed is None:
-        parsed = json_object(raw) if isinstance(raw, bytes) else raw
-    body = parsed
+    body = parsed if parsed is not None else json_object(raw) if isinstance(raw, bytes) else raw
     model = body.get("model")
     _require(body, "model")
     if not isinstance(model, str) or not model:

@@ -69,6 +69,11 @@ class Held:
     turn_tokens: int  # that turn's prompt tokens
     turn_blocks: int  # that turn's prefix blocks, as routing cut them
 
+    @property
+    def evicted(self) -> bool:
+        """The engine evicted part of that turn: what routing believes is capped."""
+        return not self.whole
+
 
 @dataclass(slots=True)
 class _Block:

@@ -274,8 +274,7 @@ class CacheAwareRouter:
         for replica, rid, work in zip(replicas, ids, recent, strict=True):
             engine = engine_load(replica.url) or _IDLE
             cached = match(rid, blocks)
-            if known and (held := known.get(rid)) is not None and not held.whole:
-                # The engine evicted part of the conversation's last turn there.
+            if known and (held := known.get(rid)) is not None and held.evicted:
                 cached = min(cached, held.turn_blocks * held.tokens // held.turn_tokens)
             # Load is priced as it would stand with this request's prefill added: a long
             # prompt no replica holds goes where it leaves the least work, not wherever

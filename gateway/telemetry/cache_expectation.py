@@ -59,11 +59,11 @@ class CacheExpectation:
         # The engine's events: it evicted the rest of the conversation's last turn there.
         evicted = record.engine_held_tokens if record.engine_evicted else None
         session = record.route_session
-        if session is not None:
-            last = self._last.get((record.tenant, session, record.replica))
-            if last is not None and last[0] == blocks[held - 1]:
-                return min(last[1], prompt, evicted if evicted is not None else prompt)
-        expected = prompt * held // len(blocks) // granule * granule
+        last = self._last.get((record.tenant, session, record.replica)) if session else None
+        if last is not None and last[0] == blocks[held - 1]:
+            expected = min(last[1], prompt)
+        else:
+            expected = prompt * held // len(blocks) // granule * granule
         return min(expected, evicted) if evicted is not None else expected
 
     def _learn(self, record: RequestRecord) -> None:

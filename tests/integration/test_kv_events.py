@@ -61,8 +61,7 @@ def dev_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReplicaReco
 
 
 async def _complete(client: httpx.AsyncClient, url: str, text: str) -> None:
-    body = {"model": "tiny", "messages": [{"role": "user", "content": text}], "max_tokens": 4}
-    (await client.post(f"{url}/v1/chat/completions", json=body)).raise_for_status()
+    await _chat(client, url, [{"role": "user", "content": text}], max_tokens=4)
 
 
 async def test_a_real_engines_events_reach_the_router(dev_engine: ReplicaRecord) -> None:
@@ -98,9 +97,11 @@ async def test_a_real_engines_events_reach_the_router(dev_engine: ReplicaRecord)
         await subscriber.stop()
 
 
-async def _chat(client: httpx.AsyncClient, url: str, messages: list[dict[str, str]]) -> int:
+async def _chat(
+    client: httpx.AsyncClient, url: str, messages: list[dict[str, str]], max_tokens: int = 1
+) -> int:
     """The prompt tokens of one answer."""
-    body = {"model": "tiny", "messages": messages, "max_tokens": 1}
+    body = {"model": "tiny", "messages": messages, "max_tokens": max_tokens}
     response = await client.post(f"{url}/v1/chat/completions", json=body)
     response.raise_for_status()
     return int(response.json()["usage"]["prompt_tokens"])
