@@ -7,9 +7,9 @@ gateway policy reference [--out FILE]
 gateway replay --trace FILE [--replicas N] [--cache-blocks M] [--policy FILE] [--json]
     [--gateways K[,K...] [--balancer random|round_robin] [--sharing none|placements[,...]]
      [--batch-ms B] [--lag-ms L] [--seed S]]
-gateway trim-eval --trajectories FILE [--policy FILE] [--tokenizer FILE] [--json]
-gateway route-train --labels FILE --out FILE [--seed N]
-gateway route-eval --labels FILE [--policy FILE] [--artifact FILE] [--folds K] [--json]
+gateway trim-eval --trajectories FILE [--policy FILE] [--tokenizer FILE] [--part P] [--json]
+gateway route-train --labels FILE | --from-log FILE [--tier T] --out FILE [--words] [--seed N]
+gateway route-eval --labels FILE [--policy FILE] [--artifact FILE] [--folds K] [--part P] [--json]
 gateway tools-eval [--data DIR] [--out FILE] [--seed N] [--limit N]
 gateway keys create --tenant T [--name N] [--role approver] [--policy FILE]
 gateway keys list --tenant T [--policy FILE]
@@ -302,8 +302,18 @@ def _replay_table(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _add_part(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--part",
+        choices=("both", "design", "report", "all"),
+        default="both",
+        help="the evaluation protocol's parts (docs/development/evaluation.md): each apart "
+        "(default), one of them, or all the data pooled",
+    )
+
+
 def _trim_eval(args: argparse.Namespace) -> int:
-    from gateway.offline.trim_eval import Evaluation
+    from gateway.offline.trim_eval import evaluate, table
     from gateway.trimming.tokens import token_counter
 
     try:
@@ -320,49 +330,38 @@ def _trim_eval(args: argparse.Namespace) -> int:
         return 2
     if args.limit:
         records = records[: args.limit]
-    result = Evaluation(spec, token_counter(tokenizer), window=args.window).run(records)
+    result = evaluate(spec, token_counter(tokenizer), records, window=args.window, part=args.part)
     result = {"trajectories": args.trajectories, "policy": args.policy, **result}
-    return _print_report(result, args.json, _trim_table)
-
-
-def _trim_table(r: dict[str, Any]) -> str:
-    keys = [
-        "history_peak_ratio",
-        "prompt_tokens_ratio",
-        "uncached_prefill_ratio",
-        "structural_validity",
-        "state_retention",
-        "user_retention",
-    ]
-    base = r["baseline_last_n"]
-    lines = [
-        f"{r['conversations']} conversations, {r['turns']} turns, "
-        f"{r['conversations_over_high_water']} over the high-water mark "
-        f"({r['high_water_tokens']} tokens; counted with {r['tokens']})",
-        f"{'figure':<24} {'gateway':>9} {'last ' + str(base['messages']) + ' msgs':>12}",
-    ]
-    lines += [f"{k:<24} {r[k]:>9.4f} {base[k]:>12.4f}" for k in keys]
-    return "\n".join(lines)
+    return _print_report(result, args.json, table)
 
 
 def _route_train(args: argparse.Namespace) -> int:
     from gateway.offline.route_train.labels import LabelError, read_labels
+    from gateway.offline.route_train.outcomes import read_log, train_from_outcomes
     from gateway.offline.route_train.train import TrainConfig, train_router
+    from gateway.tiering.learned import LearnedRouter
+
+    def say(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
 
     try:
-        prompts = read_labels(args.labels)
-    except (OSError, LabelError) as exc:
-        print(f"gateway route-train: {exc}", file=sys.stderr)
-        return 2
-    router = train_router(
-        prompts,
-        TrainConfig(seed=args.seed),
-        labels_name=Path(args.labels).name,
-        progress=lambda line: print(line, file=sys.stderr, flush=True),
-    )
-    try:
+        router: LearnedRouter
+        if args.from_log:
+            outcomes = read_log(args.from_log, args.tier)
+            say(f"{len(outcomes.prompts)} checked answers; {outcomes.skipped} other lines")
+            router = train_from_outcomes(
+                outcomes.prompts, trained_on=Path(args.from_log).name, progress=say
+            )
+        else:
+            prompts = read_labels(args.labels)
+            router = train_router(
+                prompts,
+                TrainConfig(seed=args.seed, words=args.words),
+                labels_name=Path(args.labels).name,
+                progress=say,
+            )
         router.save(args.out)
-    except OSError as exc:
+    except (OSError, LabelError) as exc:
         print(f"gateway route-train: {exc}", file=sys.stderr)
         return 2
     print(f"wrote {args.out}: {router.version}, trained on {router.trained_on}")
@@ -370,7 +369,7 @@ def _route_train(args: argparse.Namespace) -> int:
 
 
 def _route_eval(args: argparse.Namespace) -> int:
-    from gateway.offline.route_eval import route_eval, table
+    from gateway.offline.route_eval import parts_table, route_eval_parts
     from gateway.offline.route_train.labels import LabelError, read_labels
     from gateway.tiering.learned import ArtifactError, LearnedRouter
     from gateway.tiering.rules import policy_fixed_tier
@@ -382,15 +381,16 @@ def _route_eval(args: argparse.Namespace) -> int:
     except (OSError, LabelError, ArtifactError, PolicyError) as exc:
         print(f"gateway route-eval: {exc}", file=sys.stderr)
         return 2
-    result = route_eval(
+    result = route_eval_parts(
         prompts,
+        part=args.part,
         router=router,
         folds=args.folds,
         fixed_tier=fixed_tier,
         progress=lambda line: print(line, file=sys.stderr, flush=True),
     )
     result = {"labels": args.labels, "policy": args.policy, "artifact": args.artifact, **result}
-    return _print_report(result, args.json, table)
+    return _print_report(result, args.json, parts_table)
 
 
 def _tools_eval(args: argparse.Namespace) -> int:
@@ -525,13 +525,29 @@ def main(argv: list[str] | None = None) -> int:
     trim.add_argument("--tokenizer", help="tokenizer.json for token counts (else the policy's)")
     trim.add_argument("--window", type=int, default=12, help="baseline: last N messages")
     trim.add_argument("--limit", type=int, default=0, help="only the first N conversations")
+    _add_part(trim)
     trim.add_argument("--json", action="store_true", help="one JSON object instead of a table")
     trim.set_defaults(run=_trim_eval)
 
     train = sub.add_parser("route-train", help="train the learned tier router from labels")
-    train.add_argument("--labels", required=True, help="RouteLLM-style JSONL of labelled prompts")
+    given = train.add_mutually_exclusive_group(required=True)
+    given.add_argument("--labels", help="RouteLLM-style JSONL of labelled prompts")
+    given.add_argument(
+        "--from-log",
+        help="a request log: learn from the cascade's checked answers (needs `route_text`, "
+        "kept where content capture is on)",
+    )
+    train.add_argument(
+        "--tier", help="with --from-log: only answers first checked on this tier (the small one)"
+    )
     train.add_argument("--out", required=True, help="artifact to write (.npz)")
     train.add_argument("--seed", type=int, default=0, help="how groups are dealt to folds")
+    train.add_argument(
+        "--words",
+        action="store_true",
+        help="weigh hashed words too: for labels from the traffic the router will route "
+        "(words did not carry across MMLU subjects; docs/concepts/tiers.md)",
+    )
     train.set_defaults(run=_route_train)
 
     route = sub.add_parser("route-eval", help="small-tier share and quality of the router")
@@ -541,6 +557,7 @@ def main(argv: list[str] | None = None) -> int:
     route.add_argument(
         "--folds", type=int, default=0, help="held-out folds over groups (0: one per group)"
     )
+    _add_part(route)
     route.add_argument("--json", action="store_true", help="one JSON object instead of a table")
     route.set_defaults(run=_route_eval)
 

@@ -49,6 +49,8 @@ from gateway.telemetry.metrics import GatewayMetrics
 from gateway.tenants.identity import TenantAccess
 from gateway.tenants.settings import TenantPolicies, TenantSettings
 from gateway.tiering.chooser import TierChoice, TierChooser, load_learned_router
+from gateway.tiering.features import readable_part
+from gateway.tiering.rules import last_user_text
 from gateway.tiering.stickiness import MemorySessionTiers
 from gateway.toolcalls.checker import Judgement, ToolCallChecks, ToolCheck
 from gateway.toolcalls.stream_hold import ToolCallHold
@@ -371,6 +373,8 @@ class Pipeline:
         choice, checks = call.choice, call.choice.checks
         constrain = self._tiers.structured_outputs(request.model)
         escalated = False
+        if checks is not None:
+            record.cascade_tier = choice.tier  # whose answer the outcome is about
         while True:
             engine_can = constrain and choice.pool.spec.structured_outputs
             sent = request
@@ -384,12 +388,14 @@ class Pipeline:
                 if checks:
                     outcome = "escalated" if escalated else "passed"
                     self._metrics.cascades.labels(request.model, outcome).inc()
+                    record.cascade = outcome
                 break
             for check, _ in problems:
                 self._metrics.output_check_failures.labels(request.model, choice.tier, check).inc()
             failed = f"{problems[0][0]}: {problems[0][1]}"
             if choice.escalate_to is None:
                 self._metrics.cascades.labels(request.model, "failed").inc()
+                record.cascade = record.cascade or "failed"
                 raise OutputCheckFailed(
                     f"The answer of tier `{choice.tier}` failed its checks: {failed}",
                     headers=choice.header_values(),
@@ -604,6 +610,11 @@ class Pipeline:
         self._record_route(choice.pool, decision)
         self._metrics.tier_decisions.labels(call.request.model, choice.tier, choice.by).inc()
         record.tier, record.tier_by, record.tier_reason = choice.tier, choice.by, choice.reason
+        if record.content_allowed and choice.by != "explicit" and record.route_text is None:
+            # What the router reads of it, no more (its first 2 KB and last 512 characters).
+            record.route_text = readable_part(
+                last_user_text(call.request.body.get("messages") or ())
+            )
         record.fallback = choice.fallback
         record.blocks, record.route_session = route.blocks, route.session
         held = decision.engine_held

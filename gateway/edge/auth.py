@@ -115,6 +115,7 @@ class ApiKeyAuth:
             if record is not None:
                 record.tenant = identity.tenant
                 record.capture = record.capture and access.capture_content
+                record.content_allowed = record.content_allowed and access.capture_content
         await self.app(scope, receive, send)
 
     async def _refuse(

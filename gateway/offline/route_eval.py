@@ -21,6 +21,11 @@ which is only honest on labels it never saw. The report says which.
 
 A `fixed_tier` hook (the policy's rules) forces "small" or "large" for the prompts it
 decides; only the others are ranked by the score.
+
+The evaluation protocol (gateway/offline/protocol.py) splits the groups into a design part
+and a report part, and by default both are reported apart: the design part held out by
+group within itself (the figure choices may look at), and the report part scored by one
+model trained on the whole design part (the figure a document quotes).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from gateway.offline.protocol import PARTS, split
 from gateway.offline.replay.sim import percentile
 from gateway.offline.route_train.labels import LabeledPrompt
 from gateway.offline.route_train.train import (
@@ -39,6 +45,7 @@ from gateway.offline.route_train.train import (
     Progress,
     TrainConfig,
     Vector,
+    fit,
     held_out_logits,
     router_of,
 )
@@ -225,6 +232,72 @@ def route_eval(
     }
     decide_for = [routers[k].score for k in model_of]
     return {**head, "prompts": len(prompts), **figures(prompts, decide_for, fixed_tier)}
+
+
+def route_eval_parts(
+    prompts: Sequence[LabeledPrompt],
+    *,
+    part: str = "both",
+    router: LearnedRouter | None = None,
+    config: TrainConfig | None = None,
+    folds: int = 0,
+    fixed_tier: FixedTier | None = None,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """`route_eval` under the protocol: each part apart (`both`), one part, or `all`
+    pooled. An artifact is scored as it is on each part; otherwise the design part is held
+    out by group within itself and the report part is scored by a model trained on the
+    whole design part (no report-part prompt trains anything)."""
+
+    def held_out(chosen: Sequence[LabeledPrompt]) -> dict[str, Any]:
+        return route_eval(
+            chosen, router=router, config=config, folds=folds, fixed_tier=fixed_tier,
+            progress=progress,
+        )  # fmt: skip
+
+    if part == "all":
+        return {"part": "all", **held_out(prompts)}
+    parts = split(prompts, lambda p: p.group)
+    results: dict[str, dict[str, Any]] = {}
+    for name in PARTS:
+        if part not in ("both", name):
+            continue
+        chosen = parts[name]
+        if router is not None or name == "design":
+            results[name] = held_out(chosen)
+            continue
+        results[name] = _trained_on_design(parts["design"], chosen, config, fixed_tier, progress)
+    if part != "both":
+        return {"part": part, **results[part]}
+    return {"part": "both", "parts": results}
+
+
+def _trained_on_design(
+    trained: Sequence[LabeledPrompt],
+    chosen: Sequence[LabeledPrompt],
+    config: TrainConfig | None,
+    fixed_tier: FixedTier | None,
+    progress: Progress | None,
+) -> dict[str, Any]:
+    config = config or TrainConfig()
+    model = fit(Design.of([p.prompt for p in trained], config.hash_bits), trained, config)
+    if progress:
+        progress(f"report part: scored by one model trained on the {len(trained)} "
+                 "design-part prompts")  # fmt: skip
+    scorer = router_of(model, config, trained_on="the design part").score
+    return {
+        "mode": f"trained on the design part ({len(trained)} prompts, "
+        f"{len({p.group for p in trained})} groups), scored on this part's "
+        f"{len({p.group for p in chosen})} groups",
+        "prompts": len(chosen),
+        **figures(chosen, [scorer] * len(chosen), fixed_tier),
+    }
+
+
+def parts_table(report: dict[str, Any]) -> str:
+    if report["part"] != "both":
+        return f"part: {report['part']}\n" + table(report)
+    return "\n\n".join(f"{name} part\n" + table(report["parts"][name]) for name in PARTS)
 
 
 TABLE_ROWS = (

@@ -15,6 +15,10 @@ send); the reply stored is the recorded assistant message. Figures, per the issu
   the context sent (compacted state, whole snapshots and patches applied in order);
 - user_retention: share of the user's messages whose text reaches the engine verbatim.
 The same figures for a last-N-messages window are the baseline.
+
+Conversations are split by the evaluation protocol (gateway/offline/protocol.py): by
+default the figures are given for the design part (where watermarks and the like are
+chosen) and the report part (the one a document quotes), never pooled.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import orjson
 
 from gateway.chat.messages import Message
 from gateway.chat.replies import normalise
+from gateway.offline.protocol import PARTS, conversation_group, split
 from gateway.policy.sessions import TrimmingSpec
 from gateway.sessions.ids import SessionRef
 from gateway.sessions.store import MemoryCheckpoints
@@ -40,6 +45,14 @@ from gateway.trimming.tokens import TokenCounter, message_text
 from gateway.trimming.trim import PATCH_MARK, Trimmer
 
 CACHE_BLOCK = 16
+FIGURES = (
+    "history_peak_ratio",
+    "prompt_tokens_ratio",
+    "uncached_prefill_ratio",
+    "structural_validity",
+    "state_retention",
+    "user_retention",
+)
 
 
 @dataclass
@@ -279,3 +292,62 @@ def _leaves(value: Any, path: str = "") -> Iterable[tuple[str, Any]]:
             yield from _leaves(item, f"{path}/{i}")
     else:
         yield path, value
+
+
+def evaluate(
+    spec: TrimmingSpec,
+    tokens: TokenCounter,
+    records: list[dict[str, Any]],
+    *,
+    window: int,
+    part: str = "both",
+) -> dict[str, Any]:
+    """The figures for one part of the protocol (`design`, `report`), for every
+    conversation (`all`), or for each part apart (`both`, the default)."""
+    if part == "all":
+        return {"part": "all", **Evaluation(spec, tokens, window).run(records)}
+    parts = split(enumerate(records), lambda row: conversation_group(row[1], row[0]))
+    results: dict[str, dict[str, Any]] = {
+        name: Evaluation(spec, tokens, window).run(record for _, record in parts[name])
+        for name in PARTS
+        if part in ("both", name)
+    }
+    if part != "both":
+        return {"part": part, **results[part]}
+    return {"part": "both", "parts": results}
+
+
+def table(result: dict[str, Any]) -> str:
+    """One column per part (and the report part's last-N baseline), else the gateway
+    beside the baseline."""
+    if result["part"] != "both":
+        return "\n".join([_heading(result["part"], result), *_rows(result)])
+    design, report = result["parts"]["design"], result["parts"]["report"]
+    return "\n".join(
+        [
+            _heading("design", design),
+            _heading("report", report),
+            f"{'figure':<24} {'design':>9} {'report':>9} "
+            f"{'report, last ' + str(report['baseline_last_n']['messages']):>17}",
+            *(
+                f"{key:<24} {design[key]:>9.4f} {report[key]:>9.4f} "
+                f"{report['baseline_last_n'][key]:>17.4f}"
+                for key in FIGURES
+            ),
+        ]
+    )
+
+
+def _heading(part: str, r: dict[str, Any]) -> str:
+    return (
+        f"{part}: {r['conversations']} conversations, {r['turns']} turns, "
+        f"{r['conversations_over_high_water']} over the high-water mark "
+        f"({r['high_water_tokens']} tokens; counted with {r['tokens']})"
+    )
+
+
+def _rows(result: dict[str, Any]) -> list[str]:
+    base = result["baseline_last_n"]
+    lines = [f"{'figure':<24} {'gateway':>9} {'last ' + str(base['messages']) + ' msgs':>12}"]
+    lines += [f"{k:<24} {result[k]:>9.4f} {base[k]:>12.4f}" for k in FIGURES]
+    return lines

@@ -363,8 +363,9 @@ class TenantSpec(Strict):
     )
     capture_content: bool = Field(
         False,
-        description="Prompts and answers of this tenant's requests go on sampled spans "
-        "(with `telemetry.traces.capture_content` on); off: never captured.",
+        description="Prompts and answers of this tenant's requests go on sampled spans, and "
+        "the router's text in the request log (with `telemetry.traces.capture_content` "
+        "on); off: never captured.",
     )
     # -- per-tenant settings over the top-level sections (gateway/policy/tenant_overrides.py)
     tiers: tuple[Name, ...] | None = Field(

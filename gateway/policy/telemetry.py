@@ -23,8 +23,10 @@ class TracesSpec(Strict):
     service_name: str = Field("agent-gateway", description="OTEL_SERVICE_NAME overrides it.")
     capture_content: bool = Field(
         False,
-        description="Record prompt and completion text on spans. Off unless opted in; "
-        "headers and API keys are never recorded.",
+        description="Keep prompt and completion text: on sampled spans, and the text the "
+        "tier router reads in the request log (`route_text`, what `gateway route-train "
+        "--from-log` learns from). Off unless opted in (and per tenant); headers and API "
+        "keys are never recorded.",
     )
     max_queue: int = Field(
         4096, ge=64, description="Spans held for export; past it new spans are dropped."

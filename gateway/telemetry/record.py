@@ -212,6 +212,12 @@ class RequestRecord:
         self.tier: str | None = None
         self.tier_by: str | None = None
         self.tier_reason: str | None = None
+        # What the cascade's checks made of the first tier's answer: passed, escalated or
+        # failed (None: no checks ran). With `route_text`, the label `gateway route-train
+        # --from-log` learns from (gateway/offline/route_train/outcomes.py).
+        self.cascade: str | None = None
+        self.cascade_tier: str | None = None  # the tier whose answer was checked first
+        self.route_text: str | None = None  # what the tier router reads, when kept
         self.pool: str | None = None
         self.replica: str | None = None
         self.route_reason: str | None = None
@@ -244,6 +250,9 @@ class RequestRecord:
         # The prompt (and, in result.reply, the answer) only when the policy opts in to
         # capturing content and the trace is sampled.
         self.capture = False
+        # Whether this request's content may be kept at all (the policy and the tenant
+        # opted in), sampled or not: the request log's `route_text` needs only this.
+        self.content_allowed = False
         self.input_messages: Any = None
         # Set when rate limits or a budget applied: settled by the edge (middleware.py).
         self.quota: QuotaCharge | None = None

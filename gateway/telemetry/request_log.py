@@ -62,6 +62,11 @@ def log_entry(record: RequestRecord) -> dict[str, Any]:
         "model": record.model,
         "tier": record.tier,
         "tier_reason": record.tier_reason,
+        "cascade": record.cascade,
+        "cascade_tier": record.cascade_tier,
+        # Only where the policy and the tenant allow keeping content (redacted as any
+        # client text): the prompt half of a learning example.
+        "route_text": _redacted(record.route_text) if record.content_allowed else None,
         "tool_calls": record.tool_calls or None,
         "replica": record.replica,
         "reason": record.route_reason,

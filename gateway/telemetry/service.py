@@ -97,6 +97,8 @@ class Telemetry:
     ) -> RequestRecord:
         trace = TraceContext.start(traceparent, self._sample_ratio)
         record = RequestRecord(request_id, operation, trace, tenant=DEFAULT_TENANT, route=route)
+        # Content kept in the request log needs no trace exporter (spans need one).
+        record.content_allowed = self._traces.capture_content
         record.capture = self._capture and trace.sampled
         return record
 

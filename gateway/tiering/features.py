@@ -129,11 +129,19 @@ def split_question(text: str) -> tuple[str, list[str]]:
     return "\n".join(lines), options
 
 
-def extract(text: str, bits: int) -> PromptFeatures:
+_NO_SLOTS = np.zeros(0, dtype=np.int64)
+_NO_VALUES = np.zeros(0, dtype=np.float64)
+
+
+def extract(text: str, bits: int, *, words: bool = True) -> PromptFeatures:
+    """`words=False`: the numeric features only (a router without word weights)."""
     question, options = split_question(readable_part(text))
     tokens = _TOKEN.findall(question.lower())
     counts = Counter(tokens)
-    slots, values = _hashed(tokens, counts, options, (1 << bits) - 1)
+    if words:
+        slots, values = _hashed(tokens, counts, options, (1 << bits) - 1)
+    else:
+        slots, values = _NO_SLOTS, _NO_VALUES
     return PromptFeatures(slots, values, _numeric(len(text), question, counts, options))
 
 

@@ -1,7 +1,8 @@
 """The learned tier router: a prompt's score, from an artifact `gateway route-train` wrote.
 
 `score(text)` is probability-like, higher when the small tier is good enough. The shipped
-artifact (`artifacts/router-v1.npz`, trained on RouteLLM's MMLU and GSM8K labels) is
+artifact (`artifacts/router-v2.npz`, trained on RouteLLM's MMLU and GSM8K labels, numeric
+features only: hashed words did not carry to MMLU subjects no choice looked at) is
 shifted so that 0.5 is where routing kept 95% of the large tier's quality on prompts from
 groups its training folds had not seen; see `gateway.offline.route_train.train`. Whatever heads the
 trainer fitted, the artifact holds their sum: one linear logit over the prompt's features.
@@ -25,7 +26,7 @@ import numpy.typing as npt
 
 from gateway.tiering.features import FEATURES_VERSION, NUMERIC_NAMES, extract
 
-SHIPPED = "artifacts/router-v1.npz"
+SHIPPED = "artifacts/router-v2.npz"
 
 
 class ArtifactError(ValueError):
@@ -45,6 +46,11 @@ class LearnedRouter:
     numeric_clip: float
     suggested_threshold: float = 0.5  # keeps ~95% of large quality, see the module docstring
     notes: dict[str, Any] = field(default_factory=dict)  # figures recorded at training
+    # Whether any word has a weight; without, a decision skips hashing the prompt.
+    reads_words: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "reads_words", bool(np.any(self.hashed_weights)))
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> LearnedRouter:
@@ -107,7 +113,7 @@ class LearnedRouter:
             )
 
     def logit(self, text: str) -> float:
-        features = extract(text, self.hash_bits)
+        features = extract(text, self.hash_bits, words=self.reads_words)
         hashed = float(self.hashed_weights[features.slots] @ features.values)
         numeric = np.clip(
             (np.array(features.numeric) - self.numeric_mean) / self.numeric_scale,

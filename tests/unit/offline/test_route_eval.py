@@ -11,6 +11,7 @@ import numpy.typing as npt
 import pytest
 
 from gateway.cli import main
+from gateway.offline import route_eval as route_eval_module
 from gateway.offline.route_eval import (
     FORCED_LARGE,
     FORCED_SMALL,
@@ -91,9 +92,8 @@ def test_grouped_folds_never_hold_a_group_on_both_sides() -> None:
             assert not {groups[i] for i in trained} & {groups[i] for i in test}
 
 
-def test_held_out_scores_come_from_models_that_never_saw_the_group(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def groups_trained_on(monkeypatch: pytest.MonkeyPatch) -> list[set[str]]:
+    """The groups of every fit from now on, in order (`fit` spied on where it is called)."""
     real_fit = train.fit
     seen: list[set[str]] = []
 
@@ -104,6 +104,14 @@ def test_held_out_scores_come_from_models_that_never_saw_the_group(
         return real_fit(design, prompts, config)
 
     monkeypatch.setattr(train, "fit", spy)
+    monkeypatch.setattr(route_eval_module, "fit", spy)
+    return seen
+
+
+def test_held_out_scores_come_from_models_that_never_saw_the_group(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seen = groups_trained_on(monkeypatch)
     prompts = [
         LabeledPrompt("mmlu", g, f"question {i} about {g}", float(i % 2), 1.0)
         for i, g in enumerate(["x", "y", "z"] * 4)
@@ -118,7 +126,8 @@ def test_route_eval_json_reports_each_source(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     labels = write_labels(tmp_path / "labels.jsonl")
-    assert main(["route-eval", "--labels", str(labels), "--folds", "2", "--json"]) == 0
+    argv = ["route-eval", "--labels", str(labels), "--folds", "2", "--part", "all", "--json"]
+    assert main(argv) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["mode"].startswith("grouped held-out")
     assert set(report) >= {"mmlu", "gsm8k", "prompts", "decision_p99_us"}
@@ -129,6 +138,25 @@ def test_route_eval_json_reports_each_source(
             assert key in figures
         assert 0 <= figures["small_share_at_95"] <= 1
         assert figures["decision_p99_us"] > 0
+
+
+def test_the_report_part_is_scored_by_a_model_trained_on_the_design_part_only(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # write_labels' groups: algebra and gsm8k fall in the design part, history in the
+    # report part (gateway/offline/protocol.py).
+    trained_on = groups_trained_on(monkeypatch)
+    labels = write_labels(tmp_path / "labels.jsonl")
+    assert main(["route-eval", "--labels", str(labels), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["part"] == "both"
+    assert set(report["parts"]["design"]) >= {"mmlu", "gsm8k"}
+    assert report["parts"]["report"]["prompts"] == 8  # history's
+    assert report["parts"]["report"]["mode"].startswith("trained on the design part")
+    assert trained_on and all("history" not in groups for groups in trained_on)
+    assert main(["route-eval", "--labels", str(labels)]) == 0
+    table = capsys.readouterr().out
+    assert "design part" in table and "report part" in table
 
 
 def test_route_eval_scores_an_artifact_as_it_is(tmp_path: Path) -> None:

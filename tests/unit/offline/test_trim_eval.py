@@ -18,7 +18,7 @@ def test_trim_eval_reports_every_figure_and_keeps_what_it_must(
 ) -> None:
     policy = ROOT / "policies" / "agent-airline.yaml"
     argv = ["trim-eval", "--trajectories", str(TRAJECTORIES), "--policy", str(policy),
-            "--limit", "6", "--json"]  # fmt: skip
+            "--limit", "6", "--part", "all", "--json"]  # fmt: skip
     assert main(argv) == 0
     report = json.loads(capsys.readouterr().out)
     for key in ("history_peak_ratio", "prompt_tokens_ratio", "uncached_prefill_ratio",
@@ -26,11 +26,31 @@ def test_trim_eval_reports_every_figure_and_keeps_what_it_must(
         assert key in report
         assert key in report["baseline_last_n"]
     assert report["conversations"] == 6
+    assert report["part"] == "all"
     assert report["structural_validity"] == 1.0
     assert report["state_retention"] == 1.0
     assert report["user_retention"] == 1.0
     assert report["tokens"] == "tiktoken o200k_base"
     assert report["prompt_tokens_ratio"] < 1.0
+
+
+def test_trim_eval_reports_the_design_and_report_parts_apart(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # The first 12 conversations are tasks 0-2 (4 trials each): task 0 and 2 fall in the
+    # design part, task 1 in the report part (gateway/offline/protocol.py).
+    argv = ["trim-eval", "--trajectories", str(TRAJECTORIES), "--limit", "12"]
+    assert main(argv) == 0
+    table = capsys.readouterr().out
+    assert "design: 8 conversations" in table
+    assert "report: 4 conversations" in table
+    assert main([*argv, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["part"] == "both"
+    assert report["parts"]["design"]["conversations"] == 8
+    assert report["parts"]["report"]["conversations"] == 4
+    assert main([*argv, "--part", "report", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["conversations"] == 4
 
 
 def test_trim_eval_names_a_bad_input_file(capsys: pytest.CaptureFixture[str]) -> None:

@@ -13,7 +13,7 @@ import pytest
 from gateway.cli import main
 from gateway.offline.route_train.labels import LabelError, read_labels
 from gateway.offline.route_train.train import (
-    ADVANTAGE,
+    ADVANTAGE_NO_WORDS,
     DIFFICULTY,
     Design,
     TrainConfig,
@@ -61,9 +61,11 @@ def test_the_shipped_artifact_loads_offline_and_scores_in_range() -> None:
 def test_route_train_writes_an_artifact_that_loads(tmp_path: Path) -> None:
     labels = write_labels(tmp_path / "labels.jsonl")
     out = tmp_path / "router.npz"
-    assert main(["route-train", "--labels", str(labels), "--out", str(out)]) == 0
+    # The two kinds differ only in a word: a router for in-domain labels reads words.
+    assert main(["route-train", "--labels", str(labels), "--out", str(out), "--words"]) == 0
     router = LearnedRouter.load(out)
     assert "labels.jsonl" in router.trained_on
+    assert router.reads_words
     easy = router.score("Easy one: item 99 with 3 apples?\nA. 1\nB. 2")
     hard = router.score("Hard one: item 99 with 3 apples?\nA. 1\nB. 2")
     assert easy > hard
@@ -78,10 +80,22 @@ def test_the_difficulty_head_weighs_only_how_much_work_a_question_asks(tmp_path:
     others = [i for i, name in enumerate(NUMERIC_NAMES) if name not in DIFFICULTY_NAMES]
     assert not difficulty.numeric[others].any()
     # The router is the advantage head plus a share of it, stored as one linear model.
-    advantage = fit_head(design, prompts, ADVANTAGE, config)
+    advantage = fit_head(design, prompts, ADVANTAGE_NO_WORDS, config)
     both = fit(design, prompts, config)
     expected = advantage.logits(design) + config.difficulty_weight * difficulty.logits(design)
     assert both.logits(design) == pytest.approx(expected)
+
+
+def test_by_default_the_router_reads_no_words(tmp_path: Path) -> None:
+    # Words describe a subject and did not carry to subjects no choice looked at.
+    prompts = read_labels(write_labels(tmp_path / "labels.jsonl"))
+    router = train_router(prompts, TrainConfig(hash_bits=12, iterations=60, calibration_folds=0))
+    assert not router.reads_words
+    assert not router.hashed_weights.any()
+    assert "no words" in router.notes["heads"]
+    assert not LearnedRouter.load().reads_words  # the shipped artifact too
+    easy, hard = (f"{kind} one: item 99 with 3 apples?" for kind in ("Easy", "Hard"))
+    assert router.score(easy) == router.score(hard)
 
 
 def test_an_artifact_for_other_features_is_refused(tmp_path: Path) -> None:

@@ -1,0 +1,145 @@
+"""Benchmark: the tier router learned from the cascade's own outcomes, as production would
+see it, on a stream of GSM8K prompts.
+
+    PYTHONPATH=. .venv/bin/python -m tests.bench.gsm8k_stream [--orders 5] [--out FILE]
+
+Written down before it was first run, and not changed after (no GSM8K label informs any
+choice, and none trains anything):
+
+- the stream is RouteLLM's 1,319 GSM8K prompts in a shuffled order (one per seed);
+- while learning, the route runs its cascade: each prompt goes to the small tier first
+  and its answer is checked. The check's outcome is the only label the router sees; here
+  it is whether the small model answered right (an ideal check: the bench does not model
+  a check's own mistakes). Each outcome becomes a request-log line exactly as the gateway
+  writes it (`gateway.telemetry.request_log.log_entry`, content capture on);
+- after every 100 outcomes the router is retrained from that log with the code
+  `gateway route-train --from-log` runs (gateway/offline/route_train/outcomes.py), at its
+  defaults; learning stops at 1,000 outcomes;
+- each retrained router then routes the rest of the stream (the prompts after the first
+  1,000: 319), and the small share at 95% of always-large quality is computed there with
+  the offline labels, which only score. Figures are means over the orders.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from engine.supervisor import ROOT
+from gateway.offline.route_eval import (
+    oracle_small_share_at,
+    random_small_share_at,
+    small_share_at,
+)
+from gateway.offline.route_train.labels import LabeledPrompt, read_labels
+from gateway.offline.route_train.outcomes import read_log, train_from_outcomes
+from gateway.telemetry.record import RequestRecord
+from gateway.telemetry.request_log import log_entry
+from tests.bench.report import write_report
+from tests.conftest import SHARED_DATA
+
+LABELS = SHARED_DATA / "routing" / "routellm_dev.jsonl"
+LEARN_UP_TO = 1000
+RETRAIN_EVERY = 100
+TARGET = 0.35
+
+
+def log_line(prompt: LabeledPrompt, number: int) -> str:
+    """The request-log line the gateway writes for a cascaded request: its small-tier
+    answer checked, passed or escalated."""
+    record = RequestRecord.detached()
+    record.request_id = f"stream-{number}"
+    record.model = "auto"
+    record.tier, record.tier_by = "small", "cascade"
+    record.cascade_tier = "small"
+    record.cascade = "passed" if prompt.small_ok else "escalated"
+    record.content_allowed = True
+    record.route_text = prompt.prompt
+    return json.dumps(log_entry(record))
+
+
+@dataclass(frozen=True)
+class OrderRun:
+    seed: int
+    later_prompts: int
+    small_share_at_95_by_outcomes: dict[int, float]
+    random_small_share_at_95: float
+    oracle_small_share_at_95: float
+
+
+def one_order(prompts: list[LabeledPrompt], seed: int, work: Path) -> OrderRun:
+    order = list(prompts)
+    random.Random(seed).shuffle(order)
+    learn, later = order[:LEARN_UP_TO], order[LEARN_UP_TO:]
+    small = np.array([p.small_ok for p in later])
+    large = np.array([p.large_ok for p in later])
+    log = work / f"requests-{seed}.jsonl"
+    curve: dict[int, float] = {}
+    with open(log, "w", encoding="utf-8") as out:
+        for number, prompt in enumerate(learn, 1):
+            out.write(log_line(prompt, number) + "\n")
+            if number % RETRAIN_EVERY:
+                continue
+            out.flush()
+            outcomes = read_log(log, tier="small")
+            router = train_from_outcomes(outcomes.prompts)
+            scores = np.array([router.score(p.prompt) for p in later])
+            curve[number] = round(small_share_at(scores, small, large), 4)
+    return OrderRun(
+        seed,
+        len(later),
+        curve,
+        round(random_small_share_at(small, large), 4),
+        round(oracle_small_share_at(small, large), 4),
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--orders", type=int, default=5, help="stream orders (seeds 0..N-1)")
+    parser.add_argument("--out", default=str(ROOT / ".run" / "bench" / "gsm8k-stream.json"))
+    args = parser.parse_args()
+    prompts = [p for p in read_labels(LABELS) if p.source == "gsm8k"]
+    started = time.monotonic()
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="gsm8k-stream-") as work:
+        for seed in range(args.orders):
+            run = one_order(prompts, seed, Path(work))
+            runs.append(run)
+            print(f"order {seed}: {run.small_share_at_95_by_outcomes} "
+                  f"(random {run.random_small_share_at_95}, "
+                  f"oracle {run.oracle_small_share_at_95})", flush=True)  # fmt: skip
+    steps = sorted(runs[0].small_share_at_95_by_outcomes)
+    mean = {
+        n: round(float(np.mean([r.small_share_at_95_by_outcomes[n] for r in runs])), 4)
+        for n in steps
+    }
+    print("outcomes  small share at 95% on the later prompts (mean over orders)")
+    for n, share in mean.items():
+        print(f"{n:>8}  {share:.4f}")
+    final = mean[LEARN_UP_TO]
+    met = final >= TARGET
+    print(f"{'met' if met else 'NOT met'}: {final:.4f} >= {TARGET} after {LEARN_UP_TO} outcomes")
+    report = {
+        "labels": str(LABELS),
+        "seconds": round(time.monotonic() - started, 1),
+        "orders": [asdict(run) for run in runs],
+        "mean_small_share_at_95_by_outcomes": mean,
+        "mean_random_small_share_at_95": round(
+            float(np.mean([r.random_small_share_at_95 for r in runs])), 4
+        ),
+        "target": {f"small_share_at_95 >= {TARGET} after {LEARN_UP_TO} outcomes": met},
+    }
+    write_report(report, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
