@@ -25,6 +25,7 @@ from starlette.types import ASGIApp
 
 from gateway.api.admin import build_admin_router
 from gateway.api.approvals import build_approvals_router
+from gateway.api.feedback import build_feedback_router
 from gateway.api.inference import ApiCalls
 from gateway.api.observability import build_observability_router
 from gateway.api.openapi import build_openapi_router
@@ -41,6 +42,7 @@ from gateway.errors import (
     NotFound,
     error_response,
 )
+from gateway.feedback.store import FeedbackStore
 from gateway.fleet.discovery import DiscoveryMetrics, Resolver, SystemResolver
 from gateway.policy import Policy
 from gateway.policy.reloadable import PolicyFile
@@ -92,6 +94,7 @@ def create_app(
         if keys is not None:
             keys.attach(state.redis)  # keys created at run time
         app.state.api_keys = RedisKeys(state.redis)
+        app.state.feedback = FeedbackStore(state.redis)
         telemetry.open(
             RedisUsageLedger(
                 state.redis,
@@ -163,6 +166,7 @@ def create_app(
     app.include_router(build_sessions_router())
     app.include_router(build_responses_router())
     app.include_router(build_approvals_router(telemetry))  # held tool calls (gateway/approvals/)
+    app.include_router(build_feedback_router())  # scores for served requests (gateway/feedback/)
     if admin is not None:  # no admin key, no admin API
         app.include_router(build_admin_router(Tenants(policy)))
     app.include_router(build_openapi_router())  # the hand-written one: gateway/api/openapi.py

@@ -8,9 +8,12 @@ gateway replay --trace FILE [--replicas N] [--cache-blocks M] [--policy FILE] [-
     [--gateways K[,K...] [--balancer random|round_robin] [--sharing none|placements[,...]]
      [--batch-ms B] [--lag-ms L] [--seed S]]
 gateway trim-eval --trajectories FILE [--policy FILE] [--tokenizer FILE] [--part P] [--json]
-gateway route-train --labels FILE | --from-log FILE [--tier T] --out FILE [--words] [--seed N]
+gateway route-train --labels FILE --out FILE [--words] [--seed N]
+gateway route-train --from-log FILE [--tier T] [--feedback-pass X] --out FILE
 gateway route-eval --labels FILE [--policy FILE] [--artifact FILE] [--folds K] [--part P] [--json]
+gateway route-eval --shadow LOG [--tier T] [--last N] [--json]
 gateway tools-eval [--data DIR] [--out FILE] [--seed N] [--limit N]
+gateway dataset export --log FILE --out FILE [--tenant T] [--no-feedback] [--policy FILE]
 gateway keys create --tenant T [--name N] [--role approver] [--policy FILE]
 gateway keys list --tenant T [--policy FILE]
 gateway keys revoke KEY_ID [--policy FILE]
@@ -19,6 +22,7 @@ gateway keys revoke KEY_ID [--policy FILE]
 from __future__ import annotations
 
 import argparse
+import asyncio
 import gc
 import json
 import logging
@@ -347,8 +351,8 @@ def _route_train(args: argparse.Namespace) -> int:
     try:
         router: LearnedRouter
         if args.from_log:
-            outcomes = read_log(args.from_log, args.tier)
-            say(f"{len(outcomes.prompts)} checked answers; {outcomes.skipped} other lines")
+            outcomes = read_log(args.from_log, args.tier, feedback_pass=args.feedback_pass)
+            say(f"{len(outcomes.prompts)} labelled answers; {outcomes.skipped} other lines")
             router = train_from_outcomes(
                 outcomes.prompts, trained_on=Path(args.from_log).name, progress=say
             )
@@ -374,6 +378,8 @@ def _route_eval(args: argparse.Namespace) -> int:
     from gateway.tiering.learned import ArtifactError, LearnedRouter
     from gateway.tiering.rules import policy_fixed_tier
 
+    if args.shadow:
+        return _shadow_eval(args)
     try:
         prompts = read_labels(args.labels)
         router = LearnedRouter.load(args.artifact) if args.artifact else None
@@ -391,6 +397,19 @@ def _route_eval(args: argparse.Namespace) -> int:
     )
     result = {"labels": args.labels, "policy": args.policy, "artifact": args.artifact, **result}
     return _print_report(result, args.json, parts_table)
+
+
+def _shadow_eval(args: argparse.Namespace) -> int:
+    from gateway.offline.log_lines import LogLineError, read_entries
+    from gateway.offline.shadow_eval import shadow_eval, table
+
+    try:
+        entries = list(read_entries(args.shadow))
+    except (OSError, LogLineError) as exc:
+        print(f"gateway route-eval: {exc}", file=sys.stderr)
+        return 2
+    result = shadow_eval(entries, tier=args.tier, last=args.last)
+    return _print_report({"log": args.shadow, **result}, args.json, table)
 
 
 def _tools_eval(args: argparse.Namespace) -> int:
@@ -418,6 +437,34 @@ def _tools_eval(args: argparse.Namespace) -> int:
     print(table(result))
     print(f"wrote {out}")
     return 1 if result["missed"] else 0
+
+
+def _dataset_export(args: argparse.Namespace) -> int:
+    from gateway.errors import StateUnavailable
+    from gateway.offline.dataset import ExportError, export, stored_feedback, tenants_in
+    from gateway.offline.log_lines import LogLineError, read_entries
+
+    try:
+        entries = list(read_entries(args.log))
+        feedback: dict[str, list[dict[str, str]]] = {}
+        if not args.no_feedback:
+            state = load_policy(_policy_path(args.policy)).state
+            tenants = {args.tenant} if args.tenant else tenants_in(entries)
+            feedback = asyncio.run(stored_feedback(state, tenants))
+        result = export(entries, feedback, tenant=args.tenant)
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with open(out, "w", encoding="utf-8") as rows:
+            rows.writelines(json.dumps(row) + "\n" for row in result.rows)
+    except (OSError, ExportError, LogLineError, PolicyError, StateUnavailable) as exc:
+        print(f"gateway dataset export: {exc}", file=sys.stderr)
+        return 2
+    print(
+        f"wrote {args.out}: {len(result.rows)} labelled requests of {result.lines} log lines "
+        f"({result.cascade_labels} with a check's outcome, {result.feedback_labels} with "
+        f"feedback, {result.with_text} with the prompt's text)"
+    )
+    return 0
 
 
 def _keys(args: argparse.Namespace) -> int:
@@ -534,11 +581,15 @@ def main(argv: list[str] | None = None) -> int:
     given.add_argument("--labels", help="RouteLLM-style JSONL of labelled prompts")
     given.add_argument(
         "--from-log",
-        help="a request log: learn from the cascade's checked answers (needs `route_text`, "
-        "kept where content capture is on)",
+        help="a request log or dataset export: learn from checked answers (cascade, tool "
+        "calls, feedback; needs `route_text`, kept where content capture is on)",
     )
+    train.add_argument("--tier", help="with --from-log: only answers of this tier (the small one)")
     train.add_argument(
-        "--tier", help="with --from-log: only answers first checked on this tier (the small one)"
+        "--feedback-pass",
+        type=float,
+        help="with --from-log on a dataset export: an answer whose mean feedback score "
+        "reaches this passed (unset: feedback is not a label)",
     )
     train.add_argument("--out", required=True, help="artifact to write (.npz)")
     train.add_argument("--seed", type=int, default=0, help="how groups are dealt to folds")
@@ -551,7 +602,17 @@ def main(argv: list[str] | None = None) -> int:
     train.set_defaults(run=_route_train)
 
     route = sub.add_parser("route-eval", help="small-tier share and quality of the router")
-    route.add_argument("--labels", required=True, help="RouteLLM-style JSONL of labelled prompts")
+    judged = route.add_mutually_exclusive_group(required=True)
+    judged.add_argument("--labels", help="RouteLLM-style JSONL of labelled prompts")
+    judged.add_argument(
+        "--shadow",
+        metavar="LOG",
+        help="a request log: the shadow router against the live one on checked answers",
+    )
+    route.add_argument("--tier", default="small", help="with --shadow: the checked (small) tier")
+    route.add_argument(
+        "--last", type=int, default=0, help="with --shadow: only the most recent N requests"
+    )
     route.add_argument("--policy", help="apply this policy's tier rules before the router")
     route.add_argument("--artifact", help="score this artifact as it is (labels it never saw)")
     route.add_argument(
@@ -573,6 +634,22 @@ def main(argv: list[str] | None = None) -> int:
     tools.set_defaults(run=_tools_eval)
 
     add_keys_parser(sub, DEFAULT_POLICY).set_defaults(run=_keys)
+
+    dataset = sub.add_parser("dataset", help="the gateway's traffic as labelled data")
+    actions = dataset.add_subparsers(dest="dataset_command", required=True)
+    exported = actions.add_parser(
+        "export", help="request-log lines with a check's outcome or feedback, as JSONL"
+    )
+    exported.add_argument("--log", required=True, help="the request log (telemetry.request_log)")
+    exported.add_argument("--out", required=True, help="JSONL to write")
+    exported.add_argument(
+        "--policy", help=f"for the feedback's Redis (default: $GATEWAY_POLICY or {DEFAULT_POLICY})"
+    )
+    exported.add_argument("--tenant", help="only this tenant's requests")
+    exported.add_argument(
+        "--no-feedback", action="store_true", help="checks' outcomes only: no Redis needed"
+    )
+    exported.set_defaults(run=_dataset_export)
 
     args = parser.parse_args(argv)
     result: int = args.run(args)

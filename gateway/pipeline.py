@@ -427,6 +427,9 @@ class Pipeline:
         reasks = 0
         while tools is not None and (calls := _calls(settled.answer)) is not None:
             judgement = tools.judge(calls)
+            if record.tool_check is None:  # the first answer's, a label for learning
+                record.tool_check = "valid" if judgement.valid else "invalid"
+                record.tool_check_tier = settled.choice.tier
             if judgement.valid:
                 answer = self._judged(call, settled.answer, judgement, calls)
                 return replace(settled, answer=answer, held=judgement.held)
@@ -610,6 +613,8 @@ class Pipeline:
         self._record_route(choice.pool, decision)
         self._metrics.tier_decisions.labels(call.request.model, choice.tier, choice.by).inc()
         record.tier, record.tier_by, record.tier_reason = choice.tier, choice.by, choice.reason
+        if choice.shadow is not None and record.shadow is None:  # the first choice's
+            record.shadow = choice.shadow
         if record.content_allowed and choice.by != "explicit" and record.route_text is None:
             # What the router reads of it, no more (its first 2 KB and last 512 characters).
             record.route_text = readable_part(

@@ -270,6 +270,7 @@ def _paths() -> dict[str, Any]:
             operation["responses"].update(_errors(*statuses))
     paths.update(_open_routes())
     paths.update(_approval_routes())
+    paths.update(_feedback_routes())
     return paths
 
 
@@ -417,3 +418,43 @@ def _approval_routes() -> dict[str, Any]:
         "/v1/approvals": {"get": listed},
         "/v1/approvals/{approval_id}": {"get": one, "post": decide},
     }
+
+
+def _feedback_routes() -> dict[str, Any]:
+    """Scores for served requests (gateway/api/feedback.py)."""
+    given = {
+        "type": "object",
+        "required": ["request_id", "score"],
+        "additionalProperties": False,
+        "properties": {
+            "request_id": {
+                "type": "string",
+                "pattern": "^[A-Za-z0-9._:/=+-]{1,128}$",
+                "description": "The X-Request-Id the gateway answered the request with.",
+            },
+            "score": {"type": ["number", "boolean"], "description": "Any finite number."},
+            "name": {"type": "string", "pattern": "^[A-Za-z0-9._:-]{1,64}$", "default": "user"},
+            "comment": {"type": ["string", "null"], "maxLength": 4000},
+        },
+    }
+    stored = {
+        "type": "object",
+        "required": ["object", "id", "request_id", "name", "score"],
+        "properties": {
+            "object": {"const": "feedback"},
+            "id": {"type": "string"},
+            "request_id": {"type": "string"},
+            "name": {"type": "string"},
+            "score": {"type": "number"},
+            "comment": {"type": ["string", "null"]},
+        },
+    }
+    post = {
+        "summary": "Score a served request (kept under the caller's tenant)",
+        "requestBody": {"required": True, **_json_body(given)},
+        "responses": {
+            "200": {"description": "Stored", **_json_body(stored)},
+            **_errors(400, 401, 413, 503),
+        },
+    }
+    return {"/v1/feedback": {"post": post}}

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +20,7 @@ from gateway.policy.approvals import approval_references
 from gateway.policy.quota import budget_problems
 from gateway.policy.schema import Policy
 from gateway.policy.tenant_checks import tenant_setting_problems
+from gateway.policy.tiering import LearnedRouterSpec
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
@@ -197,6 +198,19 @@ def _tenant_problems(
     return problems
 
 
+def _resolved_artifacts(
+    learned: LearnedRouterSpec, resolve: Callable[[str], str]
+) -> LearnedRouterSpec:
+    """The router artifacts (live, and the shadow's) relative to the policy file."""
+    update: dict[str, Any] = {}
+    if learned.artifact:
+        update["artifact"] = resolve(learned.artifact)
+    if learned.shadow is not None:
+        shadow = learned.shadow.model_copy(update={"artifact": resolve(learned.shadow.artifact)})
+        update["shadow"] = shadow
+    return learned.model_copy(update=update) if update else learned
+
+
 def _resolve_paths(policy: Policy, base_dir: Path) -> Policy:
     """Relative paths in a policy are relative to the policy file, not the cwd."""
 
@@ -220,10 +234,8 @@ def _resolve_paths(policy: Policy, base_dir: Path) -> Policy:
     if telemetry.request_log:
         telemetry = telemetry.model_copy(update={"request_log": resolve(telemetry.request_log)})
     tiering = {
-        name: spec.model_copy(
-            update={"learned": spec.learned.model_copy(update={"artifact": resolve(artifact)})}
-        )
-        if spec.learned is not None and (artifact := spec.learned.artifact)
+        name: spec.model_copy(update={"learned": _resolved_artifacts(spec.learned, resolve)})
+        if spec.learned is not None
         else spec
         for name, spec in policy.tiering.items()
     }

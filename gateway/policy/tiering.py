@@ -58,6 +58,22 @@ class TierRule(Strict):
     then: Name = Field(description="The tier this rule sends the request to.")
 
 
+class ShadowRouterSpec(Strict):
+    """A candidate router tried on live traffic without acting on it."""
+
+    artifact: str = Field(description="The candidate's artifact from `gateway route-train`.")
+    threshold: float = Field(
+        0.5, ge=0, le=1, description="The candidate's threshold, as `learned.threshold`."
+    )
+    sample_ratio: float = Field(
+        1.0,
+        ge=0,
+        le=1,
+        description="Share of the route's requests the candidate scores (each costs about "
+        "0.1-0.2 ms of CPU after its answer is sent).",
+    )
+
+
 class LearnedRouterSpec(Strict):
     enabled: bool = Field(True, description="Score requests no rule decided.")
     artifact: str | None = Field(
@@ -69,6 +85,13 @@ class LearnedRouterSpec(Strict):
         le=1,
         description="Send to the lowest tier when the score (probability that it is good "
         "enough) is at least this; else to the highest.",
+    )
+    shadow: ShadowRouterSpec | None = Field(
+        None,
+        description="Score every request of the route with a candidate router too, after "
+        "the answer is sent, and write its decision beside the live one in the request log "
+        "(`shadow`), never acting on it; `gateway route-eval --shadow LOG` says whether it "
+        "would have done better.",
     )
 
 

@@ -17,6 +17,7 @@ the same tag, so they live in one slot (one node) and one MULTI/EXEC may touch t
     agw:approval:{<tenant>/<approval id>}  hash    a held tool call (approvals/store.py)
     agw:approvals:{<tenant>}:index         zset    its approvals by time (approvals/store.py)
     agw:approvals:{<tenant>}:audit         stream  the tenant's audit log (approvals/audit.py)
+    agw:feedback:{<tenant>}                stream  scores given to its requests (feedback/)
     agw:usage:<tenant>:<day>               hash    a ledger day row (telemetry/usage.py)
     agw:usage:tenants                      set     tenants with ledger rows (telemetry/usage.py)
     agw:apikey:{<sha256 hex>}              hash    a key made at run time (keys/runtime.py)
@@ -112,6 +113,11 @@ def approval_key(tenant: str, approval_id: str) -> str:
 def approvals_key(tenant: str, part: str) -> str:
     """A tenant's approvals index (`index`) or audit stream (`audit`)."""
     return "agw:approvals:{" + _tag_text(tenant) + "}:" + part
+
+
+def feedback_key(tenant: str) -> str:
+    """A tenant's feedback stream (gateway/feedback/store.py)."""
+    return "agw:feedback:{" + _tag_text(tenant) + "}"
 
 
 # -- routing shared between gateways (gateway/sharing/) ---------------------------------

@@ -181,6 +181,12 @@ class QuotaCharge(Protocol):
         ...
 
 
+class Deferred(Protocol):
+    """Work a request leaves for after its answer is sent (a shadow router's decision)."""
+
+    def run(self) -> dict[str, Any]: ...
+
+
 class RequestRecord:
     """Facts about one request, filled in by the stages that know them."""
 
@@ -217,7 +223,15 @@ class RequestRecord:
         # --from-log` learns from (gateway/offline/route_train/outcomes.py).
         self.cascade: str | None = None
         self.cascade_tier: str | None = None  # the tier whose answer was checked first
+        # Whether the first answer's tool calls were valid (gateway/toolcalls/), and whose
+        # answer that was: the same kind of label, for answers that call tools.
+        self.tool_check: str | None = None
+        self.tool_check_tier: str | None = None
         self.route_text: str | None = None  # what the tier router reads, when kept
+        # A candidate router's decision on this request, made after the answer is sent
+        # (gateway/tiering/shadow.py), and what it decided.
+        self.shadow: Deferred | None = None
+        self.shadow_result: dict[str, Any] | None = None
         self.pool: str | None = None
         self.replica: str | None = None
         self.route_reason: str | None = None

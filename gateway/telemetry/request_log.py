@@ -64,9 +64,12 @@ def log_entry(record: RequestRecord) -> dict[str, Any]:
         "tier_reason": record.tier_reason,
         "cascade": record.cascade,
         "cascade_tier": record.cascade_tier,
+        "tool_check": record.tool_check,
+        "tool_check_tier": record.tool_check_tier,
         # Only where the policy and the tenant allow keeping content (redacted as any
         # client text): the prompt half of a learning example.
         "route_text": _redacted(record.route_text) if record.content_allowed else None,
+        "shadow": record.shadow_result,
         "tool_calls": record.tool_calls or None,
         "replica": record.replica,
         "reason": record.route_reason,

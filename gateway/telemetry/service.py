@@ -104,6 +104,11 @@ class Telemetry:
 
     def finish(self, record: RequestRecord) -> None:
         """Called once per request, after its last byte was sent."""
+        if record.shadow is not None:
+            try:  # scored now, not while the client waited; never fails the request
+                record.shadow_result = record.shadow.run()
+            except Exception:
+                log.exception("shadow router failed on request %s", record.request_id)
         record.expected_cached_tokens = self.cache_expectation.observe(record)
         if self.engine_chains is not None:
             self._answered(self.engine_chains, record)

@@ -13,6 +13,7 @@ the conversation, and its cached prefix, along.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -24,7 +25,8 @@ from gateway.policy.tenant_overrides import TierClamps
 from gateway.policy.tiering import TieringSpec
 from gateway.routing.costs import RouteRequest
 from gateway.tiering.checks import OutputChecks, checks_for
-from gateway.tiering.rules import Rules, facts_of
+from gateway.tiering.rules import Rules, facts_of, last_user_text
+from gateway.tiering.shadow import ShadowJob
 from gateway.tiering.stickiness import SessionTiers
 from gateway.untrusted.schemas import ClientSchema
 
@@ -55,6 +57,7 @@ class TierChoice:
     checks: OutputChecks | None = None
     escalate_to: str | None = None  # the tier a failed check moves to, if any
     fallback: str | None = None  # the fallback model serving, when the asked one could not
+    shadow: ShadowJob | None = None  # a candidate router's decision, made after the answer
 
     def header_values(self) -> dict[str, str]:
         values = {headers.TIER: self.tier, headers.ROUTE_REASON: self.reason}
@@ -66,12 +69,37 @@ class TierChoice:
 class _Route:
     """One `tiering` entry, built into runtime objects once."""
 
-    def __init__(self, name: str, spec: TieringSpec, fleet: Fleet, scorer: Scorer | None) -> None:
+    def __init__(
+        self,
+        name: str,
+        spec: TieringSpec,
+        fleet: Fleet,
+        scorer: Scorer | None,
+        shadow: Scorer | None = None,
+    ) -> None:
         self.name = name
         self.spec = spec
         self.pools = {tier: fleet.pools[pool] for tier, pool in spec.tiers.items()}
         self.rules = Rules(spec.rules)
         self.scorer = scorer if spec.learned is not None and spec.learned.enabled else None
+        self.shadow = shadow  # a candidate router, scored after the answer (shadow.py)
+
+    def shadow_job(self, body: dict[str, Any]) -> ShadowJob | None:
+        """What the candidate needs, taken now and scored later: no scoring here."""
+        learned = self.spec.learned
+        if self.shadow is None or learned is None or learned.shadow is None:
+            return None
+        if learned.shadow.sample_ratio < 1.0 and random.random() >= learned.shadow.sample_ratio:
+            return None
+        return ShadowJob(
+            last_user_text(body.get("messages") or ()),
+            self.shadow,
+            learned.shadow.threshold,
+            self.scorer,
+            learned.threshold,
+            self.spec.lowest,
+            self.spec.highest,
+        )
 
 
 class TierChooser:
@@ -89,16 +117,23 @@ class TierChooser:
         self._cached_share = cached_share
         scorers: dict[str | None, Scorer] = {}
 
-        def scorer_for(spec: TieringSpec) -> Scorer | None:
-            if spec.learned is None or not spec.learned.enabled:
-                return None
-            artifact = spec.learned.artifact
+        def loaded(artifact: str | None) -> Scorer:
             if artifact not in scorers:  # one artifact loaded once, however many routes
                 scorers[artifact] = load_scorer(artifact)
             return scorers[artifact]
 
+        def scorer_for(spec: TieringSpec) -> Scorer | None:
+            if spec.learned is None or not spec.learned.enabled:
+                return None
+            return loaded(spec.learned.artifact)
+
+        def shadow_for(spec: TieringSpec) -> Scorer | None:
+            if spec.learned is None or spec.learned.shadow is None:
+                return None
+            return loaded(spec.learned.shadow.artifact)
+
         routes = {
-            name: _Route(name, spec, fleet, scorer_for(spec))
+            name: _Route(name, spec, fleet, scorer_for(spec), shadow_for(spec))
             for name, spec in policy.tiering.items()
         }
         self._routes = {
@@ -158,6 +193,7 @@ class TierChooser:
             by,
             checks=checks,
             escalate_to=escalate_to,
+            shadow=route.shadow_job(body),
         )
 
     def escalated(self, alias: str, choice: TierChoice, failed: str) -> TierChoice:

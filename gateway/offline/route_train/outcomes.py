@@ -10,18 +10,26 @@ thing, the small tier's chance of passing, from words and counts alike: the traf
 learns from is the traffic it will route, so its words mean something here (across MMLU
 subjects they did not; gateway/offline/route_train/train.py).
 
-Only requests whose first checked tier is the route's lowest count; other lines (no
-checks, no kept text, another tier, an error before any answer) are skipped and counted.
+Three kinds of label, in this order of trust, one per line:
+
+- the cascade's checks on the first answer (`cascade`: passed, or escalated / failed);
+- the tool-call checks on the first answer that called tools (`tool_check`: valid, or
+  invalid: it was repaired, asked again, escalated or refused; gateway/toolcalls/);
+- explicit feedback (`POST /v1/feedback`, joined in by `gateway dataset export`), only
+  when a pass mark is given: an answer of that tier whose mean score reaches it passed.
+
+Only answers of the tier asked for count (the small one); other lines (no label, no kept
+text, another tier) are skipped and counted.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from gateway.offline.log_lines import LogLineError, read_entries
 from gateway.offline.route_train.labels import LabeledPrompt, LabelError
 from gateway.offline.route_train.train import (
     Design,
@@ -36,6 +44,7 @@ from gateway.tiering.learned import LearnedRouter
 
 PASSED = "passed"
 CHECKED = frozenset({PASSED, "escalated", "failed"})
+TOOL_CHECKS = frozenset({"valid", "invalid"})
 # The small tier's chance of passing its checks, read from everything.
 PASSES = Head(lambda p: p.small_ok, reads_words=True, numeric=NUMERIC_NAMES)
 # Chosen on a stream of the protocol's design-part MMLU subjects (1,000 one-sided outcomes,
@@ -51,40 +60,53 @@ class Outcomes:
     skipped: int
 
 
-def outcomes_of(entries: Iterable[dict[str, Any]], tier: str | None = None) -> Outcomes:
-    """The learning examples in request-log entries: checked first on `tier` (any tier
-    when None), with the router's text kept. The group is the entry's model alias."""
+def outcomes_of(
+    entries: Iterable[dict[str, Any]],
+    tier: str | None = None,
+    *,
+    feedback_pass: float | None = None,
+) -> Outcomes:
+    """The learning examples in request-log (or dataset-export) entries: answers of `tier`
+    (any tier when None) with a label and the router's text kept. The group is the
+    entry's model alias."""
     prompts: list[LabeledPrompt] = []
     skipped = 0
     for entry in entries:
-        text, cascade = entry.get("route_text"), entry.get("cascade")
-        first = entry.get("cascade_tier")
-        if not isinstance(text, str) or not text or cascade not in CHECKED:
-            skipped += 1
-            continue
-        if tier is not None and first != tier:
+        text = entry.get("route_text")
+        passed = _label(entry, tier, feedback_pass)
+        if not isinstance(text, str) or not text or passed is None:
             skipped += 1
             continue
         model = entry.get("model")
         group = model if isinstance(model, str) and model else "traffic"
-        passed = 1.0 if cascade == PASSED else 0.0
-        prompts.append(LabeledPrompt("traffic", group, text, passed, 1.0))
+        prompts.append(LabeledPrompt("traffic", group, text, 1.0 if passed else 0.0, 1.0))
     return Outcomes(prompts, skipped)
 
 
-def read_log(path: str | Path, tier: str | None = None) -> Outcomes:
-    entries: list[dict[str, Any]] = []
-    with open(path, encoding="utf-8") as lines:
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                entry = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise LabelError(f"{path}:{number}: not JSON ({exc})") from exc
-            if isinstance(entry, dict):
-                entries.append(entry)
-    return outcomes_of(entries, tier)
+def _label(entry: dict[str, Any], tier: str | None, feedback_pass: float | None) -> bool | None:
+    def on(field: str) -> bool:
+        return tier is None or entry.get(field) == tier
+
+    if entry.get("cascade") in CHECKED and on("cascade_tier"):
+        return bool(entry["cascade"] == PASSED)
+    if entry.get("tool_check") in TOOL_CHECKS and on("tool_check_tier"):
+        return bool(entry["tool_check"] == "valid")
+    scores = entry.get("feedback")
+    if feedback_pass is not None and isinstance(scores, list) and scores and on("tier"):
+        values = [s["score"] for s in scores if isinstance(s, dict)]
+        numbers = [float(v) for v in values if isinstance(v, int | float)]
+        if numbers:
+            return sum(numbers) / len(numbers) >= feedback_pass
+    return None
+
+
+def read_log(
+    path: str | Path, tier: str | None = None, *, feedback_pass: float | None = None
+) -> Outcomes:
+    try:
+        return outcomes_of(read_entries(path), tier, feedback_pass=feedback_pass)
+    except LogLineError as exc:
+        raise LabelError(str(exc)) from exc
 
 
 def train_from_outcomes(
@@ -96,11 +118,11 @@ def train_from_outcomes(
 ) -> LearnedRouter:
     """A router whose score is the small tier's chance of passing its checks."""
     if not prompts:
-        raise LabelError("no checked answers with their text in the log")
+        raise LabelError("no labelled answers with their text in the log")
     passed = sum(p.small_ok for p in prompts)
     if passed in (0, len(prompts)):
         raise LabelError(
-            f"all {len(prompts)} checked answers {'passed' if passed else 'failed'}: "
+            f"all {len(prompts)} labelled answers {'passed' if passed else 'failed'}: "
             "nothing to tell them apart by"
         )
     design = Design.of([p.prompt for p in prompts], config.hash_bits)

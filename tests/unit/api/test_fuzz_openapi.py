@@ -470,6 +470,8 @@ BODIES: dict[str, dict[str, Any]] = {
     },
     "POST /v1/sessions/{session_id}/fork": {"turn": 1, "session_id": "{session_id}.fork"},
     "POST /v1/approvals/{approval_id}": {"decision": "approve", "reason": "fine"},
+    "POST /v1/feedback": {"request_id": "req-1", "score": 0.5, "name": "user",
+                          "comment": "fine"},
     "POST /admin/keys": {"tenant": TENANT, "name": "k", "roles": ["user", "approver"],
                          "rate_limits": {"requests_per_minute": 5, "tokens_per_minute": 500}},
 }  # fmt: skip

@@ -77,7 +77,7 @@ def test_route_train_learns_from_the_log(
     out = tmp_path / "router.npz"
     argv = ["route-train", "--from-log", str(log), "--tier", "small", "--out", str(out)]
     assert main(argv) == 0
-    assert "8 checked answers" in capsys.readouterr().err
+    assert "8 labelled answers" in capsys.readouterr().err
     router = LearnedRouter.load(out)
     assert router.reads_words  # learned from the traffic it will route
     assert router.score("an easy one") > router.score("a hard one")
@@ -85,10 +85,54 @@ def test_route_train_learns_from_the_log(
 
 def test_nothing_to_learn_is_a_clear_error(tmp_path: Path) -> None:
     line = {"route_text": "q", "cascade": "passed", "cascade_tier": "small", "model": "auto"}
-    with pytest.raises(LabelError, match="all 1 checked answers passed"):
+    with pytest.raises(LabelError, match="all 1 labelled answers passed"):
         train_from_outcomes(outcomes_of([line]).prompts)
     log = tmp_path / "requests.jsonl"
     log.write_text('{"route_text": "q"}\nnot json\n')
     with pytest.raises(LabelError, match=r"requests.jsonl:2: not JSON"):
         read_log(log)
     assert main(["route-train", "--from-log", str(log), "--out", str(tmp_path / "r.npz")]) == 2
+
+
+def tool_answer(call: Call) -> Scripted:
+    """Calls `lookup` (declared) when asked nicely, else `rm_rf` (never declared)."""
+    body = orjson.loads(call.body)
+    name = "lookup" if "nicely" in body["messages"][-1]["content"] else "rm_rf"
+    made = {"id": "c1", "type": "function", "function": {"name": name, "arguments": "{}"}}
+    return Scripted(body=orjson.dumps({
+        "id": "c", "object": "chat.completion", "created": 1, "model": "m",
+        "choices": [{"index": 0, "finish_reason": "tool_calls",
+                     "message": {"role": "assistant", "content": None, "tool_calls": [made]}}],
+        "usage": {"prompt_tokens": 7, "completion_tokens": 1, "total_tokens": 8},
+    }))  # fmt: skip
+
+
+def test_the_first_answers_tool_calls_are_a_label_too(traced: OpenTraced) -> None:
+    gw = traced(tool_answer, ratio=0.0, capture=True)
+    tool = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}
+    for text in ("please look it up nicely", "look it up"):
+        body = {"model": f"{gw.alias}-auto", "messages": [{"role": "user", "content": text}],
+                "tools": [tool]}  # fmt: skip
+        gw.client.post("/v1/chat/completions", json=body)
+    gw.client.__exit__(None, None, None)
+    valid, invalid = [orjson.loads(line) for line in Path(gw.log).read_text().splitlines()]
+    assert (valid["tool_check"], valid["tool_check_tier"]) == ("valid", "large")
+    assert (invalid["tool_check"], invalid["tool_check_tier"]) == ("invalid", "large")
+    examples = outcomes_of([valid, invalid], "large").prompts
+    assert [(p.prompt, p.small_ok) for p in examples] == [
+        ("please look it up nicely", 1.0), ("look it up", 0.0)
+    ]  # fmt: skip
+    assert outcomes_of([valid, invalid], "small").prompts == []
+
+
+def test_feedback_is_a_label_only_with_a_pass_mark() -> None:
+    row = {"route_text": "q", "tier": "small", "model": "auto",
+           "feedback": [{"name": "user", "score": 0.2}, {"name": "user", "score": 1.0}]}  # fmt: skip
+    assert outcomes_of([row], "small").prompts == []
+    (passed,) = outcomes_of([row], "small", feedback_pass=0.5).prompts
+    assert passed.small_ok == 1.0  # mean 0.6
+    (failed,) = outcomes_of([row], "small", feedback_pass=0.7).prompts
+    assert failed.small_ok == 0.0
+    # A check's outcome wins over feedback on the same line.
+    checked = {**row, "cascade": "escalated", "cascade_tier": "small"}
+    assert outcomes_of([checked], "small", feedback_pass=0.5).prompts[0].small_ok == 0.0

@@ -1,0 +1,30 @@
+"""`POST /v1/feedback`: a score for a request the gateway served, stored under the caller's
+tenant (gateway/feedback/store.py); `gateway dataset export` joins it to the request log."""
+
+from __future__ import annotations
+
+import orjson
+from fastapi import APIRouter
+from starlette.requests import Request
+from starlette.responses import Response
+
+from gateway.edge.body import read_body
+from gateway.feedback.store import Feedback, FeedbackStore
+from gateway.tenants.identity import access_of
+
+# A score, a name and a comment of at most 4,000 characters: far under this.
+MAX_BODY_BYTES = 32 * 1024
+
+
+def build_feedback_router() -> APIRouter:
+    router = APIRouter()
+
+    @router.post("/v1/feedback")
+    async def give_feedback(request: Request) -> Response:
+        feedback = Feedback.parse(await read_body(request, MAX_BODY_BYTES))
+        store: FeedbackStore = request.app.state.feedback
+        tenant = access_of(request.scope["state"]).name
+        entry = await store.add(tenant, feedback)
+        return Response(orjson.dumps(feedback.public(entry)), media_type="application/json")
+
+    return router
