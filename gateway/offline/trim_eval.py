@@ -69,10 +69,13 @@ class Tally:
     user_kept: int = 0
     peaks: list[int] = field(default_factory=list)  # largest history per conversation
 
-    def figures(self) -> dict[str, float]:
+    def figures(self) -> dict[str, float | None]:
         return {
             "structural_validity": round(self.valid / max(1, self.contexts), 4),
-            "state_retention": round(self.state_kept / max(1, self.state_fields), 4),
+            # None where no state tools are declared (or none was called): nothing to keep.
+            "state_retention": (
+                round(self.state_kept / self.state_fields, 4) if self.state_fields else None
+            ),
             "user_retention": round(self.user_kept / max(1, self.user_messages), 4),
         }
 
@@ -330,8 +333,8 @@ def table(result: dict[str, Any]) -> str:
             f"{'figure':<24} {'design':>9} {'report':>9} "
             f"{'report, last ' + str(report['baseline_last_n']['messages']):>17}",
             *(
-                f"{key:<24} {design[key]:>9.4f} {report[key]:>9.4f} "
-                f"{report['baseline_last_n'][key]:>17.4f}"
+                f"{key:<24} {_cell(design[key]):>9} {_cell(report[key]):>9} "
+                f"{_cell(report['baseline_last_n'][key]):>17}"
                 for key in FIGURES
             ),
         ]
@@ -349,5 +352,9 @@ def _heading(part: str, r: dict[str, Any]) -> str:
 def _rows(result: dict[str, Any]) -> list[str]:
     base = result["baseline_last_n"]
     lines = [f"{'figure':<24} {'gateway':>9} {'last ' + str(base['messages']) + ' msgs':>12}"]
-    lines += [f"{k:<24} {result[k]:>9.4f} {base[k]:>12.4f}" for k in FIGURES]
+    lines += [f"{k:<24} {_cell(result[k]):>9} {_cell(base[k]):>12}" for k in FIGURES]
     return lines
+
+
+def _cell(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"

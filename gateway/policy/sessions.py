@@ -106,6 +106,24 @@ class StateToolSpec(Strict):
         return self._checked_schema
 
 
+class MaskingSpec(Strict):
+    """Old, large tool outputs in the kept tail replaced by a stub with their artifact
+    handle, a chunk at a time (gateway/trimming/masking.py)."""
+
+    keep_last_tool_uses: int = Field(
+        3, ge=0, description="The most recent tool results are never masked."
+    )
+    min_tokens: int = Field(
+        200, ge=1, description="Only tool results at least this long are masked."
+    )
+    clear_at_least_tokens: int = Field(
+        1000,
+        ge=1,
+        description="Mask only in chunks of at least this many tokens: each masking changes "
+        "the context from the first masked result on, so it must be worth the recompute.",
+    )
+
+
 class TrimmingSpec(Strict):
     enabled: bool = Field(False, description="Trim session contexts (off unless turned on).")
     high_water_tokens: int = Field(
@@ -120,6 +138,11 @@ class TrimmingSpec(Strict):
     state_tools: dict[str, StateToolSpec] = Field(
         default_factory=dict,
         description="Tools whose results are snapshots of an entity, by tool name.",
+    )
+    masking: MaskingSpec | None = Field(
+        None,
+        description="Mask old, large tool outputs in the kept tail before compaction is "
+        "needed (unset: off).",
     )
 
     @model_validator(mode="after")

@@ -5,7 +5,9 @@ watermarks. Deterministic: the same conversation, boundary and policy give the s
    block or earlier in the kept tail) is sent as an RFC 6902 JSON Patch against that
    previous state, marked as such. Each patch is checked: applied to the previous state it
    must give the snapshot exactly, or the snapshot is sent whole.
-2. Compaction. When the history (everything after the system prompt) passes the
+2. Masking (when the policy turns it on). Old, large tool results in the kept tail become
+   stubs naming their artifact, a chunk at a time (gateway/trimming/masking.py).
+3. Compaction. When the history (everything after the system prompt) passes the
    high-water mark, the messages before a boundary (a user or assistant message, never
    between a tool call and its results) are folded into one block, a log in the original
    order: every user message verbatim, each entity's snapshots (as patches after the
@@ -13,7 +15,7 @@ watermarks. Deterministic: the same conversation, boundary and policy give the s
    first cut point that brings the history under the low-water mark; it moves only when
    the high-water mark is crossed again, so until then each turn's context extends the
    previous one byte for byte and the engine's prefix cache keeps hitting.
-3. Validity. The result must pass `conversation.problems` (tool calls with their results
+4. Validity. The result must pass `conversation.problems` (tool calls with their results
    in order, legal role order); if it does not, the untrimmed conversation is sent.
 """
 
@@ -35,6 +37,7 @@ from gateway.trimming.conversation import (
     snapshot_of,
     tool_results,
 )
+from gateway.trimming.masking import STUB, masked_results
 from gateway.trimming.tokens import TokenCounter, message_text
 
 # Every token of the block is paid on every turn until the next compaction: keep the
@@ -68,6 +71,7 @@ class _Analysis:
     results: dict[int, Any]
     snapshots: dict[int, Snapshot]
     schema_failures: int
+    masked: frozenset[int] = frozenset()  # old, large tool results stubbed (masking.py)
 
 
 def artifact_handle(index: int) -> str:
@@ -103,7 +107,8 @@ class Trimmer:
                 ended_ns=time.perf_counter_ns(),
             )
         # Counted per message and cached, so the untrimmed count costs little.
-        saved = self._history_tokens(messages, analysis.start) - tokens if boundary else 0
+        cut = boundary or analysis.masked
+        saved = self._history_tokens(messages, analysis.start) - tokens if cut else 0
         return Trimmed(
             rendered,
             boundary,
@@ -129,7 +134,13 @@ class Trimmer:
             failures += failed
             if snapshot is not None:
                 snapshots[index] = snapshot
-        return _Analysis(prefix_length(messages), results, snapshots, failures)
+        start = prefix_length(messages)
+        masked: frozenset[int] = frozenset()
+        if self.spec.masking is not None:
+            masked = masked_results(
+                messages, start, snapshots, self._message_tokens, self.spec.masking
+            )
+        return _Analysis(start, results, snapshots, failures, masked)
 
     def _next_boundary(self, messages: list[Message], analysis: _Analysis, boundary: int) -> int:
         """The first cut point after the current boundary that brings the history under the
@@ -165,6 +176,12 @@ class Trimmer:
         patches = 0
         for index in range(tail_from, len(messages)):
             message = messages[index]
+            if index in analysis.masked:
+                stub = STUB.format(
+                    tokens=self._message_tokens(message), handle=artifact_handle(index)
+                )
+                out.append({**message, "content": stub})
+                continue
             snapshot = analysis.snapshots.get(index)
             if snapshot is not None:
                 patch = _record(shown, snapshot)
@@ -217,16 +234,17 @@ class Trimmer:
         return f"{call}: {content}" + (f" (artifact {handle})" if cut else "")
 
     def _history_tokens(self, messages: list[Message], start: int) -> int:
-        total = 0
-        for message in messages[start:]:
-            key = orjson.dumps(message)
-            count = self._counted.get(key)
-            if count is None:
-                count = self._counted[key] = self._tokens.count(message_text(message)) + 4
-                if len(self._counted) > 50_000:
-                    self._counted.clear()
-            total += count
-        return total
+        return sum(self._message_tokens(message) for message in messages[start:])
+
+    def _message_tokens(self, message: Message) -> int:
+        """Counted once per distinct message (the cache is dropped past 50,000)."""
+        key = orjson.dumps(message)
+        count = self._counted.get(key)
+        if count is None:
+            count = self._counted[key] = self._tokens.count(message_text(message)) + 4
+            if len(self._counted) > 50_000:
+                self._counted.clear()
+        return count
 
 
 def _short_arguments(arguments: str) -> tuple[str, bool]:

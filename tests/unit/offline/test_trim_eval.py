@@ -56,3 +56,17 @@ def test_trim_eval_reports_the_design_and_report_parts_apart(
 def test_trim_eval_names_a_bad_input_file(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["trim-eval", "--trajectories", "/nonexistent.jsonl"]) == 2
     assert "nonexistent" in capsys.readouterr().err
+
+
+def test_the_generated_coding_histories_are_valid_conversations_with_real_outputs() -> None:
+    from gateway.trimming.conversation import problems
+    from tests.bench.coding_histories import STDLIB, Agent
+
+    record = Agent("json", 0).run()
+    messages = record["messages"]
+    assert problems(messages, to_send=False) == []
+    assert record["group"] == "stdlib/json"
+    views = [m["content"] for m in messages if m["role"] == "tool" and "cat -n" in m["content"]]
+    assert views  # real file text, as `cat -n` shows it
+    first_line = views[0].splitlines()[1].split("\t", 1)[1]
+    assert any(first_line in p.read_text() for p in (STDLIB / "json").glob("*.py"))
