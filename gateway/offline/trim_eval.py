@@ -156,8 +156,11 @@ class Evaluation:
         for message in full:
             if message.get("role") == "user":
                 tally.user_messages += 1
-                content = message.get("content")
-                tally.user_kept += isinstance(content, str) and any(content in t for t in texts)
+                # Every text of the message (one, or each of its content parts) verbatim.
+                wanted = _texts([message])
+                tally.user_kept += bool(wanted) and all(
+                    any(part in t for t in texts) for part in wanted
+                )
 
     def _state_retention(self, full: list[Message], context: list[Message]) -> tuple[int, int]:
         latest = latest_states(full, self.spec.state_tools)

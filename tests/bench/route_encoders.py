@@ -100,7 +100,9 @@ def fit_linear(x: Vector, target: Vector) -> Callable[[Vector], Vector]:
 def components(
     prompts: Sequence[LabeledPrompt], embeddings: dict[str, Vector]
 ) -> dict[str, Component]:
-    config = TrainConfig()
+    # The design the encoders were compared with on 2026-12-01 (docs/benchmarks/tiers.md),
+    # not today's default: the figures stay reproducible.
+    config = TrainConfig(words=True, difficulty_weight=DIFFICULTY_WEIGHT)
     design = Design.of([p.prompt for p in prompts], config.hash_bits)
     small = np.array([p.small_ok for p in prompts])
     advantage = np.array([p.small_advantage for p in prompts])

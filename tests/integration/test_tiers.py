@@ -9,8 +9,10 @@ model, and one that does is its passing one: the escalation is proven end to end
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Literal
 
 import openai
@@ -20,11 +22,16 @@ from openai.types.chat import ChatCompletionMessageParam
 from openai.types.shared_params import ResponseFormatJSONSchema
 from pydantic import BaseModel
 
+from gateway.cli import main
+from gateway.offline.route_train.outcomes import read_log
 from gateway.state.keys import session_tier_key
-from gateway.tiering.learned import LearnedRouter
+from gateway.tiering.learned import SHIPPED, LearnedRouter
+from tests.conftest import ROOT
 from tests.integration.conftest import Engines, Gateway, running_gateway
 
 pytestmark = pytest.mark.engine
+
+SHIPPED_ARTIFACT = ROOT / "gateway" / "tiering" / SHIPPED
 
 
 class Label(BaseModel):
@@ -51,6 +58,9 @@ def tiered(
         f"""\
 version: 1
 state: {{redis_url: "{redis_url}"}}
+telemetry:
+  request_log: "{work / "requests.jsonl"}"
+  traces: {{capture_content: true}}
 pools:
   small-unconstrained: {{tier: small, served_model: tiny, structured_outputs: false,
                         replicas: [{replicas}]}}
@@ -69,15 +79,32 @@ tiering:
     learned: {{threshold: 0.5}}
   unconstrained:
     tiers: {{small: small-unconstrained, large: large}}
-    learned: {{threshold: 0.5}}
+    learned: {{threshold: 0.5, shadow: {{artifact: "{SHIPPED_ARTIFACT}"}}}}
 """
     )
     with running_gateway(policy, work / "gateway.log") as gateway:
         yield gateway
 
 
+_CLIENTS: dict[str, openai.OpenAI] = {}
+
+
 def sdk(gateway: Gateway) -> openai.OpenAI:
-    return openai.OpenAI(base_url=gateway.v1, api_key="unused", max_retries=0, timeout=120)
+    """One client per gateway, closed with the module (an unclosed one's sockets would
+    warn whenever the collector happens to run, in whichever test that is)."""
+    client = _CLIENTS.get(gateway.v1)
+    if client is None:
+        client = openai.OpenAI(base_url=gateway.v1, api_key="unused", max_retries=0, timeout=120)
+        _CLIENTS[gateway.v1] = client
+    return client
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _closed_clients() -> Iterator[None]:
+    yield
+    for client in _CLIENTS.values():
+        client.close()
+    _CLIENTS.clear()
 
 
 def ask_label(gateway: Gateway, model: str) -> tuple[str, str, Label]:
@@ -133,6 +160,44 @@ def test_a_streamed_cascade_reaches_the_client_as_one_valid_stream(tiered: Gatew
             chunk.choices[0].delta.content or "" for chunk in response.parse() if chunk.choices
         )
     Label.model_validate(json.loads(text))
+
+
+def test_the_request_log_teaches_the_router_what_the_cascade_learned(
+    tiered: Gateway, tmp_path: Path
+) -> None:
+    """Real vLLM: the unconstrained small answer fails its check and the constrained one
+    passes; the request log says so beside the text the router reads (content capture on),
+    with the shadow router's decision on the route that has one, and `gateway route-train
+    --from-log` learns from those lines."""
+    asked = {"auto": "Is 'free money inside' spam or ham?",
+             "auto-unconstrained": "Is 'lunch at noon?' spam or ham?"}  # fmt: skip
+    for model, question in asked.items():
+        sdk(tiered).chat.completions.create(
+            model=model, messages=[{"role": "user", "content": question}],
+            response_format=LABEL_FORMAT, max_tokens=40, temperature=0,
+        )  # fmt: skip
+    log = tiered.policy.parent / "requests.jsonl"
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # written by the log's own thread
+        lines = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+        mine = {
+            line["route_text"]: line for line in lines if line.get("route_text") in asked.values()
+        }
+        if len(mine) == 2:
+            break
+        time.sleep(0.1)
+    passed, escalated = mine[asked["auto"]], mine[asked["auto-unconstrained"]]
+    assert (passed["cascade"], passed["cascade_tier"]) == ("passed", "small")
+    assert (escalated["cascade"], escalated["tier"]) == ("escalated", "large")
+    assert passed["shadow"] is None  # no shadow on that route
+    assert set(escalated["shadow"]) == {"tier", "score", "live_tier", "live_score"}
+    labelled = tmp_path / "requests.jsonl"
+    labelled.write_text("".join(json.dumps(line) + "\n" for line in (passed, escalated) * 3))
+    assert [p.small_ok for p in read_log(labelled, "small").prompts[:2]] == [1.0, 0.0]
+    out = tmp_path / "router.npz"
+    argv = ["route-train", "--from-log", str(labelled), "--tier", "small", "--out", str(out)]
+    assert main(argv) == 0
+    assert LearnedRouter.load(out).reads_words
 
 
 def test_rules_and_the_learned_router_explain_themselves(tiered: Gateway) -> None:

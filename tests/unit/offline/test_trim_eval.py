@@ -70,3 +70,19 @@ def test_the_generated_coding_histories_are_valid_conversations_with_real_output
     assert views  # real file text, as `cat -n` shows it
     first_line = views[0].splitlines()[1].split("\t", 1)[1]
     assert any(first_line in p.read_text() for p in (STDLIB / "json").glob("*.py"))
+
+
+def test_a_user_message_in_content_parts_counts_as_kept_when_every_part_is() -> None:
+    from gateway.offline.trim_eval import Evaluation
+    from gateway.policy.sessions import TrimmingSpec
+    from gateway.trimming.tokens import token_counter
+
+    parts = [{"type": "text", "text": "Fix the parser."}, {"type": "text", "text": "Thanks."}]
+    messages = [
+        {"role": "system", "content": "You fix code."},
+        {"role": "user", "content": parts},
+        {"role": "assistant", "content": "On it."},
+    ]
+    spec = TrimmingSpec(enabled=True, high_water_tokens=800, low_water_tokens=150)
+    report = Evaluation(spec, token_counter(None), window=12).run([{"messages": messages}])
+    assert report["user_retention"] == 1.0
