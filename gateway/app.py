@@ -166,7 +166,9 @@ def create_app(
     app.include_router(build_sessions_router())
     app.include_router(build_responses_router())
     app.include_router(build_approvals_router(telemetry))  # held tool calls (gateway/approvals/)
-    app.include_router(build_feedback_router())  # scores for served requests (gateway/feedback/)
+    app.include_router(
+        build_feedback_router(metrics)
+    )  # scores for served requests (gateway/feedback/)
     if admin is not None:  # no admin key, no admin API
         app.include_router(build_admin_router(Tenants(policy)))
     app.include_router(build_openapi_router())  # the hand-written one: gateway/api/openapi.py

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from engine.lifeline import Lifeline
 from engine.supervisor import free_port
 from gateway.state.store import redis_server_binary
 
@@ -34,6 +35,17 @@ def _redis_answers(host: str, port: int) -> bool:
             return s.recv(16).startswith(b"+PONG")
     except OSError:
         return False
+
+
+@pytest.fixture(scope="session")
+def engine_lifeline() -> Iterator[Lifeline]:
+    """The reaper every engine the suite starts is held by: the engines die with the test
+    process however it ends, a killed pytest included (engine/lifeline.py)."""
+    lifeline = Lifeline.start()
+    try:
+        yield lifeline
+    finally:
+        lifeline.close()
 
 
 @pytest.fixture(scope="session")

@@ -10,13 +10,14 @@ from starlette.responses import Response
 
 from gateway.edge.body import read_body
 from gateway.feedback.store import Feedback, FeedbackStore
+from gateway.telemetry.metrics import GatewayMetrics
 from gateway.tenants.identity import access_of
 
 # A score, a name and a comment of at most 4,000 characters: far under this.
 MAX_BODY_BYTES = 32 * 1024
 
 
-def build_feedback_router() -> APIRouter:
+def build_feedback_router(metrics: GatewayMetrics) -> APIRouter:
     router = APIRouter()
 
     @router.post("/v1/feedback")
@@ -25,6 +26,7 @@ def build_feedback_router() -> APIRouter:
         store: FeedbackStore = request.app.state.feedback
         tenant = access_of(request.scope["state"]).name
         entry = await store.add(tenant, feedback)
+        metrics.feedback.labels(tenant).inc()
         return Response(orjson.dumps(feedback.public(entry)), media_type="application/json")
 
     return router

@@ -166,6 +166,19 @@ class GatewayMetrics:
             ["model", "tier", "by"],
             registry=self.registry,
         )
+        self.shadow_decisions = Counter(
+            "gateway_shadow_decisions",
+            "A shadow router's decisions (after the answer), by whether the live router "
+            "chose the same tier: agreed, differed, or no_live (the route's router is off).",
+            ["model", "agreement"],
+            registry=self.registry,
+        )
+        self.feedback = Counter(
+            "gateway_feedback",
+            "Scores given to served requests through POST /v1/feedback, by tenant.",
+            ["tenant"],
+            registry=self.registry,
+        )
         self.cascades = Counter(
             "gateway_cascades",
             "Checked answers by outcome: passed on the first tier, escalated (passed or "

@@ -105,10 +105,7 @@ class Telemetry:
     def finish(self, record: RequestRecord) -> None:
         """Called once per request, after its last byte was sent."""
         if record.shadow is not None:
-            try:  # scored now, not while the client waited; never fails the request
-                record.shadow_result = record.shadow.run()
-            except Exception:
-                log.exception("shadow router failed on request %s", record.request_id)
+            self._shadow(record)
         record.expected_cached_tokens = self.cache_expectation.observe(record)
         if self.engine_chains is not None:
             self._answered(self.engine_chains, record)
@@ -132,6 +129,20 @@ class Telemetry:
                 self._spans.write(record)
             except Exception:  # telemetry must never fail a request that was served
                 log.exception("spans of request %s not written", record.request_id)
+
+    def _shadow(self, record: RequestRecord) -> None:
+        assert record.shadow is not None
+        try:  # scored now, not while the client waited; never fails the request
+            result = record.shadow.run()
+        except Exception:
+            log.exception("shadow router failed on request %s", record.request_id)
+            return
+        record.shadow_result = result
+        live = result.get("live_tier")
+        agreement = (
+            "no_live" if live is None else "agreed" if live == result["tier"] else "differed"
+        )
+        self.metrics.shadow_decisions.labels(record.model or "", agreement).inc()
 
     @staticmethod
     def _answered(chains: TurnListener, record: RequestRecord) -> None:

@@ -28,6 +28,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from engine.cli import resolve_model
+from engine.lifeline import Lifeline
 from engine.profiles import load_profile
 from engine.supervisor import ROOT, Launch, Paths, down, up
 from tests.bench.report import write_report
@@ -118,9 +119,11 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="stream-silences-") as work:
         paths = Paths.under(Path(work))
         print("starting 2 cpu-tiny replicas (1-2 minutes)", flush=True)
+        lifeline = Lifeline.start()  # the replicas die with the bench, however it ends
         replicas = up(
-            [Launch(profile, 2, resolve_model(profile, None, paths))], paths=paths, timeout_s=900
-        )
+            [Launch(profile, 2, resolve_model(profile, None, paths))],
+            paths=paths, timeout_s=900, lifeline=lifeline,
+        )  # fmt: skip
         try:
             urls = [r.url for r in replicas]
             print(f"one replica streaming, the other idle: {args.runs} x {args.tokens} tokens")
@@ -133,7 +136,8 @@ def main() -> int:
                     both += pool.map(lambda url: stream_once(url, args.tokens), urls)
             show("both", both)
         finally:
-            down(paths)
+            down(paths, lifeline=lifeline)
+            lifeline.close()
     report = {
         "tokens": args.tokens,
         "one_replica_streaming": summary(alone),

@@ -66,6 +66,7 @@ from typing import Any
 import httpx
 
 from engine.cli import resolve_model
+from engine.lifeline import Lifeline
 from engine.profiles import load_profile
 from engine.supervisor import ROOT, Launch, Paths, down, free_port, up
 
@@ -470,13 +471,18 @@ def start_engines(work: Path, cache_blocks: int | None = None) -> Iterator[Engin
         override = ("--num-gpu-blocks-override", str(cache_blocks))
         profile = profile.model_copy(update={"extra_args": (*profile.extra_args, *override)})
     os.environ["VLLM_SERVER_DEV_MODE"] = "1"  # enables POST /reset_prefix_cache
-    records = up(
-        [Launch(profile, 2, resolve_model(profile, None, paths))], paths=paths, timeout_s=900
-    )
+    lifeline = Lifeline.start()  # the replicas die with the bench, however it ends
     try:
-        yield Engines(paths, [r.url for r in records])
+        records = up(
+            [Launch(profile, 2, resolve_model(profile, None, paths))],
+            paths=paths, timeout_s=900, lifeline=lifeline,
+        )  # fmt: skip
+        try:
+            yield Engines(paths, [r.url for r in records])
+        finally:
+            down(paths, lifeline=lifeline)
     finally:
-        down(paths)
+        lifeline.close()
 
 
 def summarise(results: dict[str, Any]) -> dict[str, float]:

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from engine.cli import resolve_model
+from engine.lifeline import Lifeline
 from engine.profiles import load_profile
 from engine.state import ReplicaRecord
 from engine.supervisor import ROOT, Launch, Paths, down, free_port, up
@@ -59,7 +60,9 @@ def engine_paths(run_dir: Path) -> Paths:
 
 
 @pytest.fixture(scope="session")
-def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engines]:
+def engines(
+    tmp_path_factory: pytest.TempPathFactory, engine_lifeline: Lifeline
+) -> Iterator[Engines]:
     paths = engine_paths(tmp_path_factory.mktemp("engines"))
     if not paths.python.exists():
         pytest.fail(
@@ -73,12 +76,13 @@ def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engines]:
         print(message, file=sys.stderr, flush=True)
 
     records = up(
-        [Launch(chat, 2, model), Launch(embed, 1, model)], paths=paths, say=say, timeout_s=900
-    )
+        [Launch(chat, 2, model), Launch(embed, 1, model)],
+        paths=paths, say=say, timeout_s=900, lifeline=engine_lifeline,
+    )  # fmt: skip
     try:
         yield Engines(paths.state, records)
     finally:
-        down(paths, say=say)
+        down(paths, say=say, lifeline=engine_lifeline)
 
 
 DEAD_URL = "http://127.0.0.1:{port}"

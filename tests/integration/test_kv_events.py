@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from engine.cli import resolve_model
+from engine.lifeline import Lifeline
 from engine.profiles import kv_events_endpoints, load_profile
 from engine.state import ReplicaRecord
 from engine.supervisor import Launch, down, up
@@ -42,7 +43,9 @@ def _say(message: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def dev_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReplicaRecord]:
+def dev_engine(
+    tmp_path_factory: pytest.TempPathFactory, engine_lifeline: Lifeline
+) -> Iterator[ReplicaRecord]:
     """One cpu-tiny replica in vLLM's dev mode, the only one serving POST /reset_prefix_cache."""
     paths = engine_paths(tmp_path_factory.mktemp("kv-events-engine"))
     if not paths.python.exists():
@@ -53,11 +56,11 @@ def dev_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReplicaReco
         update={"env": {**chat.env, "VLLM_SERVER_DEV_MODE": "1"}, "extra_args": small_cache}
     )
     (record,) = up([Launch(dev, 1, resolve_model(chat, None, paths))], paths=paths, say=_say,
-                   timeout_s=900)  # fmt: skip
+                   timeout_s=900, lifeline=engine_lifeline)  # fmt: skip
     try:
         yield record
     finally:
-        down(paths, say=_say)
+        down(paths, say=_say, lifeline=engine_lifeline)
 
 
 async def _complete(client: httpx.AsyncClient, url: str, text: str) -> None:

@@ -24,6 +24,7 @@ from openai.types.chat import ChatCompletionMessageParam, ChatCompletionSystemMe
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine.cli import resolve_model
+from engine.lifeline import Lifeline
 from engine.profiles import load_profile
 from engine.supervisor import Launch, down, up
 from tests.browser import PageLog, chromium_page, save_screenshot
@@ -125,7 +126,10 @@ def _drive(gateway: Gateway) -> tuple[dict[str, dict[str, int]], str]:
 
 @pytest.fixture(scope="module")
 def observed(
-    engines: Engines, redis_url: str, tmp_path_factory: pytest.TempPathFactory
+    engines: Engines,
+    redis_url: str,
+    tmp_path_factory: pytest.TempPathFactory,
+    engine_lifeline: Lifeline,
 ) -> Iterator[Observed]:
     work = tmp_path_factory.mktemp("observability")
     with running_phoenix(work / "phoenix") as phoenix:
@@ -148,8 +152,9 @@ def observed(
             print(message, file=sys.stderr, flush=True)
 
         (traced_engine,) = up(
-            [Launch(traced_profile, 1, model, pool="traced")], paths=paths, say=say, timeout_s=600
-        )
+            [Launch(traced_profile, 1, model, pool="traced")],
+            paths=paths, say=say, timeout_s=600, lifeline=engine_lifeline,
+        )  # fmt: skip
         try:
             small = ", ".join(f'{{url: "{u}"}}' for u in engines.urls("tiny-chat"))
             policy = work / "policy.yaml"
@@ -191,7 +196,7 @@ tiering:
                 after = _get(f"{gateway.base_url}/v1/usage")
                 yield Observed(gateway, phoenix, work, before, after, reported, request_id)
         finally:
-            down(paths, say=say)
+            down(paths, say=say, lifeline=engine_lifeline)
 
 
 def test_usage_sums_match_the_tokens_the_engines_reported(observed: Observed) -> None:

@@ -22,6 +22,7 @@ import openai
 import pytest
 
 from engine.cli import resolve_model
+from engine.lifeline import Lifeline
 from engine.profiles import load_profile
 from engine.state import ReplicaRecord
 from engine.supervisor import Launch, down, up
@@ -39,7 +40,10 @@ class Setup:
 
 @pytest.fixture(scope="module")
 def setup(
-    engines: Engines, redis_url: str, tmp_path_factory: pytest.TempPathFactory
+    engines: Engines,
+    redis_url: str,
+    tmp_path_factory: pytest.TempPathFactory,
+    engine_lifeline: Lifeline,
 ) -> Iterator[Setup]:
     run_dir = tmp_path_factory.mktemp("doomed")
     paths = engine_paths(run_dir)
@@ -49,7 +53,7 @@ def setup(
         print(message, file=sys.stderr, flush=True)
 
     [doomed] = up([Launch(chat, 1, resolve_model(chat, None, paths), pool="doomed")],
-                  paths=paths, say=say, timeout_s=900)  # fmt: skip
+                  paths=paths, say=say, timeout_s=900, lifeline=engine_lifeline)  # fmt: skip
     live = engines.urls("tiny-chat")[0]
     policy = run_dir / "policy.yaml"
     policy.write_text(
@@ -82,7 +86,7 @@ models:
     finally:
         if _alive(doomed.pid):
             os.kill(doomed.pid, signal.SIGCONT)  # a frozen process cannot be stopped
-        down(paths, say=say)
+        down(paths, say=say, lifeline=engine_lifeline)
 
 
 def _alive(pid: int) -> bool:

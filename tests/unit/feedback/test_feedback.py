@@ -88,6 +88,9 @@ def test_feedback_is_kept_under_the_callers_tenant(
     assert mine[0]["comment"] == "too long"
     assert [f["score"] for f in stored(redis_url, b.name)] == ["0.0"]
     assert client.post("/v1/feedback", json=given).status_code == 401  # no key
+    metrics = client.get("/metrics").text
+    assert f'gateway_feedback_total{{tenant="{a.name}"}} 2.0' in metrics
+    assert f'gateway_feedback_total{{tenant="{b.name}"}} 1.0' in metrics
 
 
 @pytest.mark.parametrize(

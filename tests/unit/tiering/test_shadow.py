@@ -66,6 +66,10 @@ def test_the_shadow_decides_after_the_answer_and_only_the_log_hears_of_it(
     # The live router decided the first (the shadow's choice is nowhere in the answer).
     assert first.headers["x-gateway-route-reason"].startswith("router: score")
     assert not any("shadow" in name for name in first.headers)
+    metrics = client.get("/metrics").text
+    decided = [line for line in metrics.splitlines()
+               if line.startswith("gateway_shadow_decisions_total{")]  # fmt: skip
+    assert sum(float(line.rsplit(" ", 1)[1]) for line in decided) == 2.0
     gateways.close_all()  # drains the log writer
     lines = [orjson.loads(line) for line in log.read_text().splitlines()]
     assert len(lines) == 2
