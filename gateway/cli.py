@@ -22,7 +22,6 @@ gateway keys revoke KEY_ID [--policy FILE]
 from __future__ import annotations
 
 import argparse
-import asyncio
 import gc
 import json
 import logging
@@ -440,31 +439,15 @@ def _tools_eval(args: argparse.Namespace) -> int:
 
 
 def _dataset_export(args: argparse.Namespace) -> int:
-    from gateway.errors import StateUnavailable
-    from gateway.offline.dataset import ExportError, export, stored_feedback, tenants_in
-    from gateway.offline.log_lines import LogLineError, read_entries
+    from gateway.offline.dataset import export_command
 
-    try:
-        entries = list(read_entries(args.log))
-        feedback: dict[str, list[dict[str, str]]] = {}
-        if not args.no_feedback:
-            state = load_policy(_policy_path(args.policy)).state
-            tenants = {args.tenant} if args.tenant else tenants_in(entries)
-            feedback = asyncio.run(stored_feedback(state, tenants))
-        result = export(entries, feedback, tenant=args.tenant)
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        with open(out, "w", encoding="utf-8") as rows:
-            rows.writelines(json.dumps(row) + "\n" for row in result.rows)
-    except (OSError, ExportError, LogLineError, PolicyError, StateUnavailable) as exc:
-        print(f"gateway dataset export: {exc}", file=sys.stderr)
-        return 2
-    print(
-        f"wrote {args.out}: {len(result.rows)} labelled requests of {result.lines} log lines "
-        f"({result.cascade_labels} with a check's outcome, {result.feedback_labels} with "
-        f"feedback, {result.with_text} with the prompt's text)"
+    return export_command(
+        args.log,
+        args.out,
+        policy=_policy_path(args.policy),
+        tenant=args.tenant,
+        feedback=not args.no_feedback,
     )
-    return 0
 
 
 def _keys(args: argparse.Namespace) -> int:

@@ -50,7 +50,6 @@ from gateway.tenants.identity import TenantAccess
 from gateway.tenants.settings import TenantPolicies, TenantSettings
 from gateway.tiering.chooser import TierChoice, TierChooser, load_learned_router
 from gateway.tiering.features import readable_part
-from gateway.tiering.rules import last_user_text
 from gateway.tiering.stickiness import MemorySessionTiers
 from gateway.toolcalls.checker import Judgement, ToolCallChecks, ToolCheck
 from gateway.toolcalls.stream_hold import ToolCallHold
@@ -615,11 +614,9 @@ class Pipeline:
         record.tier, record.tier_by, record.tier_reason = choice.tier, choice.by, choice.reason
         if choice.shadow is not None and record.shadow is None:  # the first choice's
             record.shadow = choice.shadow
-        if record.content_allowed and choice.by != "explicit" and record.route_text is None:
+        if record.content_allowed and choice.text is not None and record.route_text is None:
             # What the router reads of it, no more (its first 2 KB and last 512 characters).
-            record.route_text = readable_part(
-                last_user_text(call.request.body.get("messages") or ())
-            )
+            record.route_text = readable_part(choice.text)
         record.fallback = choice.fallback
         record.blocks, record.route_session = route.blocks, route.session
         held = decision.engine_held

@@ -12,8 +12,12 @@ reads an export as it reads the log.
 
 from __future__ import annotations
 
+import asyncio
+import json
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from gateway.offline.route_train.outcomes import CHECKED, TOOL_CHECKS
@@ -101,3 +105,32 @@ async def stored_feedback(
         return {tenant: await feedback.read(tenant) for tenant in sorted(tenants)}
     finally:
         await store.close()
+
+
+def export_command(log: str, out: str, *, policy: str, tenant: str | None, feedback: bool) -> int:
+    """`gateway dataset export`: the rows written to `out`, a one-line summary printed."""
+    # Imported here: `gateway --help` loads neither the policy nor Redis clients.
+    from gateway.errors import StateUnavailable
+    from gateway.offline.log_lines import LogLineError, read_entries
+    from gateway.policy import PolicyError, load_policy
+
+    try:
+        entries = list(read_entries(log))
+        scores: dict[str, list[dict[str, str]]] = {}
+        if feedback:
+            tenants = {tenant} if tenant else tenants_in(entries)
+            scores = asyncio.run(stored_feedback(load_policy(policy).state, tenants))
+        result = export(entries, scores, tenant=tenant)
+        path = Path(out)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "w", encoding="utf-8") as rows:
+            rows.writelines(json.dumps(row) + "\n" for row in result.rows)
+    except (OSError, ExportError, LogLineError, PolicyError, StateUnavailable) as exc:
+        print(f"gateway dataset export: {exc}", file=sys.stderr)
+        return 2
+    print(
+        f"wrote {out}: {len(result.rows)} labelled requests of {result.lines} log lines "
+        f"({result.cascade_labels} with a check's outcome, {result.feedback_labels} with "
+        f"feedback, {result.with_text} with the prompt's text)"
+    )
+    return 0

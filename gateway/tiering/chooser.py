@@ -25,7 +25,7 @@ from gateway.policy.tenant_overrides import TierClamps
 from gateway.policy.tiering import TieringSpec
 from gateway.routing.costs import RouteRequest
 from gateway.tiering.checks import OutputChecks, checks_for
-from gateway.tiering.rules import Rules, facts_of, last_user_text
+from gateway.tiering.rules import RequestFacts, Rules, facts_of
 from gateway.tiering.shadow import ShadowJob
 from gateway.tiering.stickiness import SessionTiers
 from gateway.untrusted.schemas import ClientSchema
@@ -57,6 +57,7 @@ class TierChoice:
     checks: OutputChecks | None = None
     escalate_to: str | None = None  # the tier a failed check moves to, if any
     fallback: str | None = None  # the fallback model serving, when the asked one could not
+    text: str | None = None  # what the tier router reads (the last user message); None: untiered
     shadow: ShadowJob | None = None  # a candidate router's decision, made after the answer
 
     def header_values(self) -> dict[str, str]:
@@ -84,7 +85,7 @@ class _Route:
         self.scorer = scorer if spec.learned is not None and spec.learned.enabled else None
         self.shadow = shadow  # a candidate router, scored after the answer (shadow.py)
 
-    def shadow_job(self, body: dict[str, Any]) -> ShadowJob | None:
+    def shadow_job(self, text: str) -> ShadowJob | None:
         """What the candidate needs, taken now and scored later: no scoring here."""
         learned = self.spec.learned
         if self.shadow is None or learned is None or learned.shadow is None:
@@ -92,7 +93,7 @@ class _Route:
         if learned.shadow.sample_ratio < 1.0 and random.random() >= learned.shadow.sample_ratio:
             return None
         return ShadowJob(
-            last_user_text(body.get("messages") or ()),
+            text,
             self.shadow,
             learned.shadow.threshold,
             self.scorer,
@@ -173,7 +174,8 @@ class TierChooser:
         checks = None
         if endpoint is Endpoint.chat:
             checks = checks_for(spec.guardrails, body, response_schema)
-        tier, reason, by = await self._tier(route, body, route_request, task, checks)
+        facts = facts_of(body, task_header=task, small_object_fields=spec.small_object_fields)
+        tier, reason, by = await self._tier(route, facts, route_request, checks)
         highest = spec.highest
         clamp = clamps.get(alias) if clamps else None
         if clamp is not None:
@@ -193,7 +195,8 @@ class TierChooser:
             by,
             checks=checks,
             escalate_to=escalate_to,
-            shadow=route.shadow_job(body),
+            text=facts.last_user,
+            shadow=route.shadow_job(facts.last_user),
         )
 
     def escalated(self, alias: str, choice: TierChoice, failed: str) -> TierChoice:
@@ -202,7 +205,9 @@ class TierChooser:
         assert choice.escalate_to is not None
         tier = choice.escalate_to
         reason = f"cascade: {choice.tier} failed {failed}, escalated to {tier}"
-        return TierChoice(route.pools[tier], tier, reason, "escalation", checks=choice.checks)
+        return TierChoice(
+            route.pools[tier], tier, reason, "escalation", checks=choice.checks, text=choice.text
+        )
 
     def structured_outputs(self, alias: str) -> bool:
         route = self._routes.get(alias)
@@ -211,13 +216,11 @@ class TierChooser:
     async def _tier(
         self,
         route: _Route,
-        body: dict[str, Any],
+        facts: RequestFacts,
         route_request: RouteRequest,
-        task: str | None,
         checks: OutputChecks | None,
     ) -> tuple[str, str, str]:
         spec = route.spec
-        facts = facts_of(body, task_header=task, small_object_fields=spec.small_object_fields)
         rule = route.rules.first_match(facts)
         if rule is not None:
             return rule.tier, f"rule:{rule.name}", "rule"
