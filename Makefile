@@ -8,7 +8,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: run test check lint typecheck docs docs-serve unit integration engine-env schema engine-validate clean help bench-routing bench-sessions bench-tiers bench-tiers-stream bench-tiers-encoders bench-faults bench-telemetry traces browser phoenix-env frameworks-env clients-env bench manifests bench-redis bench-streams
+.PHONY: run test check lint typecheck docs docs-serve unit integration engine-env schema engine-validate clean help bench-routing bench-sessions bench-tiers bench-tiers-stream bench-tiers-encoders bench-trimming bench-faults bench-telemetry traces browser phoenix-env frameworks-env clients-env bench manifests bench-redis bench-streams
 
 help:
 	@echo "make run    - engines + gateway on http://127.0.0.1:8080 (Ctrl-C stops all)"
@@ -20,6 +20,7 @@ help:
 	@echo "make bench-faults  - 200 streaming clients, a replica killed and restarted (about 2 min)"
 	@echo "make bench-tiers   - learned tier router on RouteLLM labels, held out by group (about 3 min)"
 	@echo "make bench-tiers-stream - the router learned from cascade outcomes on a GSM8K stream (about 20 s)"
+	@echo "make bench-trimming     - trimming budgets against the fixed watermarks, design then report parts (about 1 min)"
 	@echo "make bench-tiers-encoders - could a text encoder carry the router to GSM8K? (about 5 min once its env is built)"
 	@echo "make bench-routing - trace replay, routing overhead, tau-bench on real vLLM (about 15 min)"
 	@echo "make bench-scale-out - replay through 1-8 gateways, with and without shared placements (about 1 min)"
@@ -144,6 +145,12 @@ bench-sessions: $(STAMP)
 # The learned tier router on RouteLLM labels, held out by group (about 3 min).
 bench-tiers: $(STAMP)
 	@$(BIN)/python -m tests.bench.route_eval
+
+# Trimming budgets against the fixed watermarks, chosen on the design parts by a rule
+# written first (about 1 min).
+bench-trimming: $(STAMP)
+	@$(BIN)/python -m tests.bench.coding_histories
+	@$(BIN)/python -m tests.bench.trim_budgets
 
 # The router learned only from the cascade's outcomes on a stream of GSM8K prompts.
 bench-tiers-stream: $(STAMP)

@@ -13,7 +13,10 @@ send); the reply stored is the recorded assistant message. Figures, per the issu
 - structural_validity: share of contexts sent that pass the validity checks;
 - state_retention: share of the fields of each entity's latest snapshot recoverable from
   the context sent (compacted state, whole snapshots and patches applied in order);
-- user_retention: share of the user's messages whose text reaches the engine verbatim.
+- user_retention: share of the user's messages whose text reaches the engine verbatim;
+- recent_output_retention: share of each request's last three tool outputs (of tools that
+  are not declared state tools, which state_retention covers) that reach the engine
+  verbatim: what the agent just read, which trimming that ignores meaning loses first.
 The same figures for a last-N-messages window are the baseline.
 
 Conversations are split by the evaluation protocol (gateway/offline/protocol.py): by
@@ -52,7 +55,9 @@ FIGURES = (
     "structural_validity",
     "state_retention",
     "user_retention",
+    "recent_output_retention",
 )
+RECENT_OUTPUTS = 3  # Anthropic's context editing keeps the last 3 tool uses by default
 
 
 @dataclass
@@ -67,6 +72,8 @@ class Tally:
     state_kept: int = 0
     user_messages: int = 0
     user_kept: int = 0
+    recent_outputs: int = 0
+    recent_kept: int = 0
     peaks: list[int] = field(default_factory=list)  # largest history per conversation
 
     def figures(self) -> dict[str, float | None]:
@@ -77,6 +84,9 @@ class Tally:
                 round(self.state_kept / self.state_fields, 4) if self.state_fields else None
             ),
             "user_retention": round(self.user_kept / max(1, self.user_messages), 4),
+            "recent_output_retention": (
+                round(self.recent_kept / self.recent_outputs, 4) if self.recent_outputs else None
+            ),
         }
 
 
@@ -152,6 +162,10 @@ class Evaluation:
         fields, kept = self._state_retention(full, context)
         tally.state_fields += fields
         tally.state_kept += kept
+        recent = self._recent_outputs(full)
+        sent = {m.get("content") for m in context if m.get("role") == "tool"}
+        tally.recent_outputs += len(recent)
+        tally.recent_kept += sum(content in sent for content in recent)
         texts = _texts(context)
         for message in full:
             if message.get("role") == "user":
@@ -161,6 +175,17 @@ class Evaluation:
                 tally.user_kept += bool(wanted) and all(
                     any(part in t for t in texts) for part in wanted
                 )
+
+    def _recent_outputs(self, full: list[Message]) -> list[str]:
+        state_tools = self.spec.state_tools
+        outputs = [
+            content
+            for index, result in tool_results(full).items()
+            if result.name not in state_tools
+            and isinstance(content := full[index].get("content"), str)
+            and content
+        ]
+        return outputs[-RECENT_OUTPUTS:]
 
     def _state_retention(self, full: list[Message], context: list[Message]) -> tuple[int, int]:
         latest = latest_states(full, self.spec.state_tools)

@@ -124,6 +124,42 @@ class MaskingSpec(Strict):
     )
 
 
+class BudgetSpec(Strict):
+    """Watermarks that follow the engine and the conversation instead of staying fixed
+    (gateway/trimming/budget.py): the engine's context caps the history, the kept tail
+    grows to hold the conversation's own typical tool outputs, and a compaction must free
+    a chunk worth the cache it invalidates."""
+
+    context_tokens: int | None = Field(
+        None,
+        ge=256,
+        description="The engine's context window (vLLM's max_model_len). Set, the history "
+        "is kept under context_share of it less the system prompt, whatever the watermarks "
+        "say, so a session never outgrows its engine.",
+    )
+    context_share: float = Field(
+        0.5,
+        gt=0,
+        lt=1,
+        description="The share of context_tokens the history may fill; the rest is for the "
+        "system prompt's tools and the answer.",
+    )
+    tool_outputs_kept: int = Field(
+        0,
+        ge=0,
+        le=50,
+        description="The low-water mark grows to hold this many of the conversation's median "
+        "tool output, and the high-water mark with it (0: the fixed watermarks).",
+    )
+    clear_at_least_tokens: int = Field(
+        0,
+        ge=0,
+        description="A compaction must free at least this many history tokens (the high-water "
+        "mark is at least the low-water mark plus this); one that would free less waits, "
+        "unless the context cap demands it.",
+    )
+
+
 class TrimmingSpec(Strict):
     enabled: bool = Field(False, description="Trim session contexts (off unless turned on).")
     high_water_tokens: int = Field(
@@ -143,6 +179,11 @@ class TrimmingSpec(Strict):
         None,
         description="Mask old, large tool outputs in the kept tail before compaction is "
         "needed (unset: off).",
+    )
+    budget: BudgetSpec | None = Field(
+        None,
+        description="Watermarks relative to the engine's context and the conversation's tool "
+        "outputs (unset: the fixed watermarks).",
     )
 
     @model_validator(mode="after")

@@ -84,8 +84,10 @@ def compact(messages: list[Message], spec: TrimmingSpec, tokens: TokenCounter) -
     """The conversation with everything but a tail under the low-water mark (the policy's
     or the tenant's) folded into the block, whatever the high-water mark says; as it is
     when it is under the low-water mark already."""
-    # `model_copy` does not validate: a high-water mark of 0 means "compact now"
-    trimmer = Trimmer(spec.model_copy(update={"enabled": True, "high_water_tokens": 0}), tokens)
+    # `model_copy` does not validate: a high-water mark of 0 means "compact now" (and no
+    # budget may raise it: the client asked for the compaction)
+    now = spec.model_copy(update={"enabled": True, "high_water_tokens": 0, "budget": None})
+    trimmer = Trimmer(now, tokens)
     tokens_now = trimmer.history_tokens(messages)
     if tokens_now <= spec.low_water_tokens:
         return Trimmed(list(messages), 0, tokens_now)

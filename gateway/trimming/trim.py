@@ -7,14 +7,15 @@ watermarks. Deterministic: the same conversation, boundary and policy give the s
    must give the snapshot exactly, or the snapshot is sent whole.
 2. Masking (when the policy turns it on). Old, large tool results in the kept tail become
    stubs naming their artifact, a chunk at a time (gateway/trimming/masking.py).
-3. Compaction. When the history (everything after the system prompt) passes the
-   high-water mark, the messages before a boundary (a user or assistant message, never
-   between a tool call and its results) are folded into one block, a log in the original
-   order: every user message verbatim, each entity's snapshots (as patches after the
-   first), and a stub with a fetch handle for each other tool output. The boundary is the
-   first cut point that brings the history under the low-water mark; it moves only when
-   the high-water mark is crossed again, so until then each turn's context extends the
-   previous one byte for byte and the engine's prefix cache keeps hitting.
+3. Compaction. When the history (everything after the system prompt) passes the high-water
+   mark (fixed, or relative to the engine's context and the conversation's tool outputs:
+   gateway/trimming/budget.py), the messages before a boundary (a user or assistant
+   message, never between a tool call and its results) are folded into one block, a log in
+   the original order: every user message verbatim, each entity's snapshots (as patches
+   after the first), and a stub with a fetch handle for each other tool output. The
+   boundary is the first cut point that brings the history under the low-water mark; it
+   moves only when the high-water mark is crossed again, so until then each turn's context
+   extends the previous one byte for byte and the engine's prefix cache keeps hitting.
 4. Validity. The result must pass `conversation.problems` (tool calls with their results
    in order, legal role order); if it does not, the untrimmed conversation is sent.
 """
@@ -30,6 +31,7 @@ import orjson
 
 from gateway.chat.messages import Message
 from gateway.policy.sessions import TrimmingSpec
+from gateway.trimming.budget import Marks, marks
 from gateway.trimming.conversation import (
     Snapshot,
     prefix_length,
@@ -91,11 +93,15 @@ class Trimmer:
         analysis = self._analyse(messages)
         boundary = boundary if boundary > analysis.start else 0
         rendered, patches = self._render(messages, analysis, boundary)
-        tokens = self._history_tokens(rendered, analysis.start)
-        if tokens > self.spec.high_water_tokens:
-            boundary = self._next_boundary(messages, analysis, boundary)
-            rendered, patches = self._render(messages, analysis, boundary)
-            tokens = self._history_tokens(rendered, analysis.start)
+        tokens, tail = self._sizes(rendered, analysis.start, boundary)
+        limits = self._marks(messages, analysis)
+        if limits.triggered(tokens, tail):
+            moved = self._next_boundary(messages, analysis, boundary, limits)
+            if moved != boundary:
+                again, moved_patches = self._render(messages, analysis, moved)
+                left = self._history_tokens(again, analysis.start)
+                if limits.worth(tokens - left, tokens):
+                    boundary, rendered, patches, tokens = moved, again, moved_patches, left
         if problems(rendered, to_send=to_send):
             untrimmed = self._history_tokens(messages, analysis.start)
             return Trimmed(
@@ -142,9 +148,27 @@ class Trimmer:
             )
         return _Analysis(start, results, snapshots, failures, masked)
 
-    def _next_boundary(self, messages: list[Message], analysis: _Analysis, boundary: int) -> int:
-        """The first cut point after the current boundary that brings the history under the
-        low-water mark, else the last one. Cut points are user messages and assistant
+    def _marks(self, messages: list[Message], analysis: _Analysis) -> Marks:
+        if self.spec.budget is None:  # the fixed watermarks: nothing to count
+            return marks(self.spec, 0, ())
+        system = sum(self._message_tokens(m) for m in messages[: analysis.start])
+        outputs = [self._message_tokens(messages[i]) for i in analysis.results]
+        return marks(self.spec, system, outputs)
+
+    def _sizes(self, rendered: list[Message], start: int, boundary: int) -> tuple[int, int]:
+        """The history's tokens, and the tail's after the block (the block's message, the
+        first after the system prompt, is the boundary's user message or one of its own)."""
+        history = self._history_tokens(rendered, start)
+        if not boundary:
+            return history, history
+        return history, history - self._message_tokens(rendered[start])
+
+    def _next_boundary(
+        self, messages: list[Message], analysis: _Analysis, boundary: int, limits: Marks
+    ) -> int:
+        """The first cut point after the current boundary that brings the history (with a
+        budget: the tail after the block) under the low-water mark, else the last one. Cut
+        points are user messages and assistant
         messages (never between a tool call and its results), so a long run of tool calls
         within one user turn can be compacted too."""
         cuts = [
@@ -154,7 +178,7 @@ class Trimmer:
         ]
         for candidate in cuts:
             rendered, _ = self._render(messages, analysis, candidate)
-            if self._history_tokens(rendered, analysis.start) <= self.spec.low_water_tokens:
+            if limits.fits(*self._sizes(rendered, analysis.start, candidate)):
                 return candidate
         return cuts[-1] if cuts else boundary
 

@@ -22,7 +22,8 @@ def test_trim_eval_reports_every_figure_and_keeps_what_it_must(
     assert main(argv) == 0
     report = json.loads(capsys.readouterr().out)
     for key in ("history_peak_ratio", "prompt_tokens_ratio", "uncached_prefill_ratio",
-                "structural_validity", "state_retention", "user_retention"):  # fmt: skip
+                "structural_validity", "state_retention", "user_retention",
+                "recent_output_retention"):  # fmt: skip
         assert key in report
         assert key in report["baseline_last_n"]
     assert report["conversations"] == 6
@@ -86,3 +87,34 @@ def test_a_user_message_in_content_parts_counts_as_kept_when_every_part_is() -> 
     spec = TrimmingSpec(enabled=True, high_water_tokens=800, low_water_tokens=150)
     report = Evaluation(spec, token_counter(None), window=12).run([{"messages": messages}])
     assert report["user_retention"] == 1.0
+
+
+def test_recent_output_retention_counts_the_last_three_outputs_sent_whole() -> None:
+    """A short window keeps what the agent just read; compaction at small watermarks folds
+    it away. State tools' snapshots are not counted (state retention covers them)."""
+    from gateway.offline.trim_eval import Evaluation
+    from gateway.policy.sessions import StateToolSpec, TrimmingSpec
+    from gateway.trimming.tokens import token_counter
+
+    messages: list[dict[str, object]] = [{"role": "system", "content": "You fix code."},
+                                         {"role": "user", "content": "Fix it."}]  # fmt: skip
+    for step in range(6):
+        messages += [
+            {"role": "assistant", "tool_calls": [{"id": f"c{step}", "type": "function",
+             "function": {"name": "view", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": f"c{step}", "content": f"file {step} " * 300},
+            {"role": "assistant", "tool_calls": [{"id": f"s{step}", "type": "function",
+             "function": {"name": "get_user", "arguments": '{"user_id": "u1"}'}}]},
+            {"role": "tool", "tool_call_id": f"s{step}", "content": '{"name": "Ann"}'},
+        ]  # fmt: skip
+    messages.append({"role": "assistant", "content": "Done."})
+    spec = TrimmingSpec(enabled=True, high_water_tokens=800, low_water_tokens=150,
+                        state_tools={"get_user": StateToolSpec(entity="user",
+                                                               id_argument="user_id")})  # fmt: skip
+    report = Evaluation(spec, token_counter(None), window=40).run([{"messages": messages}])
+    assert report["baseline_last_n"]["recent_output_retention"] == 1.0
+    assert 0 < report["recent_output_retention"] < 1.0
+    none_declared = Evaluation(spec, token_counter(None), window=40).run(
+        [{"messages": [*messages[:3], {"role": "assistant", "content": "Hi."}]}]
+    )
+    assert none_declared["recent_output_retention"] is None  # no tool output yet: nothing to keep

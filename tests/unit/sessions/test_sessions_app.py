@@ -13,6 +13,7 @@ from starlette.testclient import TestClient
 
 from gateway.chat.replies import normalise
 from gateway.policy import Policy, parse_policy
+from gateway.trimming.tokens import message_text, token_counter
 from tests.fakes import Call, FakeUpstream, Scripted
 from tests.unit.clients import OpenGateways
 
@@ -302,6 +303,25 @@ def test_session_key_from_metadata_when_the_policy_says_so(
     assert client.get(f"/v1/sessions/{sid}/checkpoints").status_code == 200
 
 
+BIG = "flight HAT001 departs 06:00, economy $120; " * 40  # about 440 tokens
+
+
+def searches(client: TestClient, headers: dict[str, str], turns: int) -> list[dict[str, Any]]:
+    """A session of `turns` searches, each answered with a large tool output."""
+    history: list[dict[str, Any]] = [SYSTEM]
+    search_call = {"id": "x", "type": "function", "function": {"name": "search", "arguments": "{}"}}
+    for turn in range(turns):
+        history += [
+            user(f"Search day {turn}"),
+            {"role": "assistant", "tool_calls": [search_call]},
+            {"role": "tool", "tool_call_id": "x", "content": BIG},
+        ]
+        response = chat(client, history, headers)
+        assert response.status_code == 200
+        history.append(response.json()["choices"][0]["message"])
+    return history
+
+
 def test_trimming_sends_the_engine_a_compacted_context_and_keeps_artifacts(
     gateway: Gateway, redis_url: str
 ) -> None:
@@ -313,29 +333,40 @@ def test_trimming_sends_the_engine_a_compacted_context_and_keeps_artifacts(
     client, fake = gateway(policy_override=policy)
     headers = session_headers()
     sid = headers["X-Session-Id"]
-    big = "flight HAT001 departs 06:00, economy $120; " * 40
-    history: list[dict[str, Any]] = [SYSTEM]
-    search_call = {"id": "x", "type": "function", "function": {"name": "search", "arguments": "{}"}}
-    for turn in range(3):
-        history += [
-            user(f"Search day {turn}"),
-            {"role": "assistant", "tool_calls": [search_call]},
-            {"role": "tool", "tool_call_id": "x", "content": big},
-        ]
-        response = chat(client, history, headers)
-        history.append(response.json()["choices"][0]["message"])
+    history = searches(client, headers, 3)
     sent = orjson.loads(fake.calls[-1].body)["messages"]
     assert len(orjson.dumps(sent)) < len(orjson.dumps(history))
     assert "Earlier turns, compacted" in orjson.dumps(sent).decode()
     checkpoint = client.get(f"/v1/sessions/{sid}/checkpoints/3").json()
     assert checkpoint["engine_request"]["messages"] == [normalise(m) for m in sent]
     artifact = client.get(f"/v1/sessions/{sid}/artifacts/m3").json()
-    assert artifact["content"] == big
+    assert artifact["content"] == BIG
     assert artifact["tool"] == "search"
     missing = client.get(f"/v1/sessions/{sid}/artifacts/m1")
     assert missing.status_code == 404
     metrics = client.get("/metrics").text
     assert 'gateway_trims_total{outcome="trimmed"} 3.0' in metrics
+
+
+def test_a_trimming_budget_keeps_a_session_inside_the_engines_context(
+    gateway: Gateway, redis_url: str
+) -> None:
+    """Watermarks far above what the engine holds (a policy written for a large model in
+    front of a small one): the budget's context cap still keeps every request inside."""
+    policy = parse_policy(
+        POLICY
+        + f"state: {{redis_url: '{redis_url}'}}\n"
+        + "trimming: {enabled: true, high_water_tokens: 100000, low_water_tokens: 50000,"
+        + " budget: {context_tokens: 2048, context_share: 0.5}}\n"
+    )
+    client, fake = gateway(policy_override=policy)
+    history = searches(client, session_headers(), 6)
+    counter = token_counter(None)
+    untrimmed = sum(counter.count(message_text(m)) + 4 for m in history[1:])
+    assert untrimmed > 1024  # the whole history would outgrow the engine's share
+    for call in fake.calls:
+        sent = orjson.loads(call.body)["messages"]
+        assert sum(counter.count(message_text(m)) + 4 for m in sent[1:]) <= 1024
 
 
 def test_each_checkpoint_materialises_the_declared_entities(
