@@ -270,7 +270,9 @@ class Pipeline:
         session = self._sessions.session_of(call.request, context)
         record.session = session.id if session else None
         with record.stage("hydrate"):
-            turn, request, degraded = await self._sessions.hydrate(call.request, session, context)
+            turn, request, degraded = await self._sessions.hydrate(
+                call.request, session, context, self._engine_context
+            )
         unsaved = None
         if degraded and session is not None:  # served, not kept: the client is told
             record.degraded = "checkpoint"
@@ -284,6 +286,11 @@ class Pipeline:
             hide_usage=hide_usage,
         )
         return call.but(guard=self._guard(call))
+
+    def _engine_context(self, request: InboundRequest) -> int | None:
+        """The context window of the engines this request may be served by, for trimming
+        budgets that follow it (asked only when a budget sets no context of its own)."""
+        return self._fleet.context_tokens(request.model)
 
     async def _approval_answer(self, call: Call) -> Reply | None:
         """An approval's answer, given without the engine; kept in the session like any

@@ -47,10 +47,16 @@ class SessionSteps:
         return session_for(self._spec, context.session_id, request.body, context.access.name)
 
     async def hydrate(
-        self, request: InboundRequest, session: SessionRef | None, context: RequestContext
+        self,
+        request: InboundRequest,
+        session: SessionRef | None,
+        context: RequestContext,
+        engine_context: Callable[[InboundRequest], int | None] | None = None,
     ) -> tuple[Turn | None, InboundRequest, bool]:
         """Continue the session: in delta mode, put the stored conversation in front. The
-        flag is True when the store could not be read and the turn is served unsaved."""
+        flag is True when the store could not be read and the turn is served unsaved.
+        `engine_context`: the context window of the engines the request may go to, asked
+        only when trimming needs it."""
         mode = context_mode(context.context_mode)
         if session is None or self._sessions is None:
             if mode == "delta":
@@ -62,7 +68,12 @@ class SessionSteps:
                 )
             return None, request, False
         try:
-            turn, body = await self._sessions.begin(session, mode, request.body)
+            turn, body = await self._sessions.begin(
+                session,
+                mode,
+                request.body,
+                engine_context=(lambda: engine_context(request)) if engine_context else None,
+            )
         except StateUnavailable as exc:
             if mode == "delta" or self._fail_closed:
                 raise  # 503: without the store the conversation cannot be rebuilt or kept

@@ -338,6 +338,11 @@ SCHEMAS: dict[str, Any] = {
             "object": {"const": "model"},
             "created": {"type": "integer"},
             "owned_by": {"type": "string"},
+            "max_model_len": {
+                "type": "integer",
+                "description": "The context window in tokens, as vLLM lists it: the smallest "
+                "of the engines that may serve the model. Absent until an engine has said.",
+            },
         },
     },
     "ModelList": {

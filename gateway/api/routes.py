@@ -30,21 +30,32 @@ def build_api_router(store: StateStore, metrics: GatewayMetrics) -> APIRouter:
         fleet: Fleet = request.app.state.fleet
         return fleet
 
-    def model_card(alias: str) -> dict[str, Any]:
-        return {"id": alias, "object": "model", "created": created, "owned_by": "agent-gateway"}
+    def model_card(alias: str, fleet: Fleet) -> dict[str, Any]:
+        card: dict[str, Any] = {
+            "id": alias,
+            "object": "model",
+            "created": created,
+            "owned_by": "agent-gateway",
+        }
+        # As vLLM lists it: the context a request may fill, the smallest of the engines
+        # that may serve the alias (clients size their own trimming by it).
+        if (context := fleet.context_tokens(alias)) is not None:
+            card["max_model_len"] = context
+        return card
 
     @router.get("/v1/models")
     async def list_models(request: Request) -> Response:
         # Only the models the caller's tenant may use (all, without tenants).
-        aliases = access_of(request.scope["state"]).visible(fleet_of(request).descriptions)
-        return _json({"object": "list", "data": [model_card(a) for a in aliases]})
+        fleet = fleet_of(request)
+        aliases = access_of(request.scope["state"]).visible(fleet.descriptions)
+        return _json({"object": "list", "data": [model_card(a, fleet) for a in aliases]})
 
     @router.get("/v1/models/{alias:path}")
     async def retrieve_model(alias: str, request: Request) -> Response:
         allowed = access_of(request.scope["state"]).allows(alias)
         if not allowed or alias not in fleet_of(request).descriptions:
             raise ModelNotFound(f"The model `{alias}` does not exist.", param="model")
-        return _json(model_card(alias))
+        return _json(model_card(alias, fleet_of(request)))
 
     @router.get("/metrics")
     async def prometheus_metrics() -> Response:

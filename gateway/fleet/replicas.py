@@ -72,6 +72,10 @@ class Replica:
     # endpoints); None: it publishes none the gateway knows of.
     kv_events: str | None = None
     kv_replay: str | None = None
+    # The engine's context window in tokens, as its `/v1/models` says (vLLM's
+    # `max_model_len`); None until the health monitor has read it, or if it says none.
+    context_tokens: int | None = None
+    context_read: bool = False  # asked since the replica last came up
     id: str = field(init=False)
 
     def __post_init__(self) -> None:
@@ -142,6 +146,12 @@ class Pool:
 
     def serves(self, endpoint: Endpoint) -> bool:
         return endpoint in self.spec.serves
+
+    def context_tokens(self) -> int | None:
+        """The smallest context window its replicas report (a request may go to any);
+        None while none has reported one."""
+        known = [r.context_tokens for r in self._all if r.context_tokens]
+        return min(known) if known else None
 
     def refresh_from_engine_state(self) -> None:
         """Re-read the engine state file if it changed since the last look."""
@@ -248,7 +258,20 @@ class Fleet:
             alias: self.pools[m.pool] for alias, m in policy.models.items() if m.pool is not None
         }
         self.descriptions = {alias: m.description for alias, m in policy.models.items()}
+        # Every pool a request for the alias may be served by: its own, or its route's tiers.
+        self._reachable = {
+            alias: [self.pools[m.pool]]
+            if m.pool is not None
+            else [self.pools[pool] for pool in policy.tiering[str(m.tiering)].tiers.values()]
+            for alias, m in policy.models.items()
+        }
         self.refresh()
+
+    def context_tokens(self, alias: str) -> int | None:
+        """The smallest context window the engines serving `alias` report (any tier of its
+        route); None while none has, or for an alias that does not exist."""
+        known = [t for pool in self._reachable.get(alias, ()) if (t := pool.context_tokens())]
+        return min(known) if known else None
 
     def refresh(self) -> None:
         for pool in self.pools.values():

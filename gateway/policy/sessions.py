@@ -133,9 +133,10 @@ class BudgetSpec(Strict):
     context_tokens: int | None = Field(
         None,
         ge=256,
-        description="The engine's context window (vLLM's max_model_len). Set, the history "
-        "is kept under context_share of it less the system prompt, whatever the watermarks "
-        "say, so a session never outgrows its engine.",
+        description="The engine's context window in tokens. The history is kept under "
+        "context_share of it less the system prompt, whatever the watermarks say, so a "
+        "session never outgrows its engine. Unset: the smallest window the route's engines "
+        "report (vLLM's max_model_len in /v1/models); no cap while none has.",
     )
     context_share: float = Field(
         0.5,

@@ -10,7 +10,7 @@ that failed, which leaves the previous checkpoint as it was.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -66,9 +66,16 @@ class SessionTurns:
         return self._tenant_trimmers.get(tenant, self.trimmer)
 
     async def begin(
-        self, session: SessionRef, mode: ContextMode, body: dict[str, Any]
+        self,
+        session: SessionRef,
+        mode: ContextMode,
+        body: dict[str, Any],
+        *,
+        engine_context: Callable[[], int | None] | None = None,
     ) -> tuple[Turn, dict[str, Any]]:
-        """The turn, and the body to send on (the whole conversation, in delta mode)."""
+        """The turn, and the body to send on (the whole conversation, in delta mode).
+        `engine_context`: the engines' context window, for a trimming budget that sets
+        none of its own."""
         prior = await self.store.load(session)
         stored = history(prior)
         sent = [normalise(m) for m in body.get("messages") or ()]
@@ -84,7 +91,10 @@ class SessionTurns:
             return turn, body
         # A rewritten history invalidates the old boundary: compaction starts afresh.
         boundary = prior[-1].trim_boundary if prior and not turn.rewrite else 0
-        trimmed = trimmer.trim(list(body["messages"]), boundary)
+        engine_tokens = None
+        if engine_context is not None and trimmer.follows_engine:
+            engine_tokens = engine_context()
+        trimmed = trimmer.trim(list(body["messages"]), boundary, engine_context=engine_tokens)
         return replace(turn, trimmed=trimmed), {**body, "messages": trimmed.messages}
 
     async def commit(

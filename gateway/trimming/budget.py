@@ -18,8 +18,10 @@ one. With a budget:
   `clear_at_least_tokens`, since it changes the context from the block on (Anthropic's
   context editing asks the same with `clear_at_least`);
 - the engine's context caps the whole history at `context_share` of `context_tokens`
-  less the system prompt; past the cap a compaction happens whatever else the marks say,
-  and keeps a history under the cap less the gap.
+  (when the budget sets none, the smallest context window the route's engines report:
+  vLLM's `max_model_len`, read by gateway/fleet/health.py) less the system prompt; past
+  the cap a compaction happens whatever else the marks say, and keeps a history under the
+  cap less the gap.
 
 Deterministic: the same conversation and policy give the same marks. The median moves as
 tool outputs arrive, so the marks do too, but they only matter when compaction is
@@ -64,9 +66,16 @@ class Marks:
         return self.cap is not None and history > self.cap
 
 
-def marks(spec: TrimmingSpec, system_tokens: int, tool_outputs: Sequence[int]) -> Marks:
+def marks(
+    spec: TrimmingSpec,
+    system_tokens: int,
+    tool_outputs: Sequence[int],
+    engine_context: int | None = None,
+) -> Marks:
     """`system_tokens`: the system prompt's tokens (the history's neighbour in the
-    context); `tool_outputs`: the token counts of the conversation's tool results."""
+    context); `tool_outputs`: the token counts of the conversation's tool results;
+    `engine_context`: the context window the engines report (vLLM's `/v1/models`), used
+    when the budget sets none."""
     budget = spec.budget
     if budget is None:
         return Marks(spec.high_water_tokens, spec.low_water_tokens)
@@ -75,10 +84,11 @@ def marks(spec: TrimmingSpec, system_tokens: int, tool_outputs: Sequence[int]) -
         low = max(low, budget.tool_outputs_kept * _median(tool_outputs))
     gap = max(spec.high_water_tokens - spec.low_water_tokens, budget.clear_at_least_tokens)
     cap = None
-    if budget.context_tokens is not None:
+    context = budget.context_tokens or engine_context
+    if context is not None:
         # At least one token of history, so a system prompt larger than the share still
         # leaves the trimmer a target (the smallest history it can make).
-        cap = max(1, int(budget.context_share * budget.context_tokens) - system_tokens)
+        cap = max(1, int(budget.context_share * context) - system_tokens)
         gap = min(gap, cap // 2)  # a gap wider than half the cap would leave no target
         low = min(low, cap - gap)
     return Marks(low + gap, low, True, cap, budget.clear_at_least_tokens)

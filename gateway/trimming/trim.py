@@ -86,15 +86,29 @@ class Trimmer:
         self._tokens = tokens
         self._counted: dict[bytes, int] = {}
 
-    def trim(self, messages: list[Message], boundary: int, *, to_send: bool = True) -> Trimmed:
+    @property
+    def follows_engine(self) -> bool:
+        """Whether its budget takes the context window from the engines (sets none)."""
+        budget = self.spec.budget
+        return budget is not None and budget.context_tokens is None
+
+    def trim(
+        self,
+        messages: list[Message],
+        boundary: int,
+        *,
+        to_send: bool = True,
+        engine_context: int | None = None,
+    ) -> Trimmed:
         """`to_send=False`: the conversation is kept for later (a compaction), not sent now,
-        so it may end on the assistant's answer."""
+        so it may end on the assistant's answer. `engine_context`: the context window the
+        engines report, for a budget that sets none."""
         started = time.perf_counter_ns()
         analysis = self._analyse(messages)
         boundary = boundary if boundary > analysis.start else 0
         rendered, patches = self._render(messages, analysis, boundary)
         tokens, tail = self._sizes(rendered, analysis.start, boundary)
-        limits = self._marks(messages, analysis)
+        limits = self._marks(messages, analysis, engine_context)
         if limits.triggered(tokens, tail):
             moved = self._next_boundary(messages, analysis, boundary, limits)
             if moved != boundary:
@@ -148,12 +162,14 @@ class Trimmer:
             )
         return _Analysis(start, results, snapshots, failures, masked)
 
-    def _marks(self, messages: list[Message], analysis: _Analysis) -> Marks:
+    def _marks(
+        self, messages: list[Message], analysis: _Analysis, engine_context: int | None
+    ) -> Marks:
         if self.spec.budget is None:  # the fixed watermarks: nothing to count
             return marks(self.spec, 0, ())
         system = sum(self._message_tokens(m) for m in messages[: analysis.start])
         outputs = [self._message_tokens(messages[i]) for i in analysis.results]
-        return marks(self.spec, system, outputs)
+        return marks(self.spec, system, outputs, engine_context)
 
     def _sizes(self, rendered: list[Message], start: int, boundary: int) -> tuple[int, int]:
         """The history's tokens, and the tail's after the block (the block's message, the

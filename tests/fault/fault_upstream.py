@@ -3,7 +3,8 @@
     python -m tests.fault.fault_upstream --port N [--name X] [--tokens 5] [--token-delay-s 0.01]
 
 Loopback only. It answers like vLLM where the gateway looks: `GET /health`, `GET /metrics`
-(the two load gauges the gateway scrapes), `POST /v1/chat/completions` whole or streamed
+(the two load gauges the gateway scrapes), `GET /v1/models` (with `max_model_len` when the
+engine is given one), `POST /v1/chat/completions` whole or streamed
 (chat.completion.chunk events, the usage chunk when `stream_options.include_usage` asks,
 then `data: [DONE]`), using `X-Request-Id` as the completion id as vLLM does. Every answer
 names the process in `X-Upstream-Name`.
@@ -80,10 +81,14 @@ class _Dropped(Exception):
 
 
 class FaultEngine:
-    def __init__(self, name: str, tokens: int, token_delay_s: float) -> None:
+    def __init__(
+        self, name: str, tokens: int, token_delay_s: float, max_model_len: int | None = None
+    ) -> None:
         self.name = name
         self.tokens = tokens
         self.token_delay_s = token_delay_s
+        self.max_model_len = max_model_len  # listed by /v1/models, as vLLM lists it
+        self.models_listed = 0
         self.fault = Fault()
         self.stats = Stats()
 
@@ -91,6 +96,7 @@ class FaultEngine:
         app = web.Application()
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.metrics)
+        app.router.add_get("/v1/models", self.models)
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/_fault", self.set_fault)
         app.router.add_get("/_stats", self.get_stats)
@@ -99,6 +105,13 @@ class FaultEngine:
 
     async def health(self, request: web.Request) -> web.Response:
         return web.Response(text="ok")
+
+    async def models(self, request: web.Request) -> web.Response:
+        self.models_listed += 1
+        model: dict[str, Any] = {"id": self.name, "object": "model", "owned_by": "fault"}
+        if self.max_model_len is not None:
+            model["max_model_len"] = self.max_model_len
+        return web.json_response({"object": "list", "data": [model]})
 
     async def metrics(self, request: web.Request) -> web.Response:
         return web.Response(

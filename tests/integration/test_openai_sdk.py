@@ -202,8 +202,11 @@ def test_embeddings_endpoint(client: OpenAI) -> None:
 
 
 def test_list_models(client: OpenAI) -> None:
-    ids = {m.id for m in client.models.list()}
-    assert {"tiny", "tiny-embed"} <= ids
+    models = {m.id: m for m in client.models.list()}
+    assert {"tiny", "tiny-embed"} <= models.keys()
+    # The engines' context window as vLLM lists it (engine/profiles/cpu-tiny.yaml's
+    # max_model_len), read by the gateway's health monitor from each replica.
+    assert models["tiny"].model_extra == {"max_model_len": 16384}
 
 
 def test_unknown_model_is_not_found(client: OpenAI) -> None:

@@ -244,6 +244,21 @@ def test_models_lists_the_policy_aliases(make_client: Client) -> None:
     assert [m["id"] for m in listing["data"]] == ["emb", "tiny"]
     assert client.get("/v1/models/tiny").json()["id"] == "tiny"
     assert client.get("/v1/models/nope").status_code == 404
+    assert "max_model_len" not in client.get("/v1/models/tiny").json()  # no engine has said
+
+
+def test_models_carry_the_context_window_their_engines_report(make_client: Client) -> None:
+    client, _ = make_client(ok)
+    fleet = client.app.state.fleet  # type: ignore[attr-defined]
+    for pool in fleet.pools.values():
+        for replica in pool.replicas:
+            replica.context_tokens = 16384  # what the health monitor reads from /v1/models
+    listing = client.get("/v1/models").json()
+    assert {m["id"]: m.get("max_model_len") for m in listing["data"]} == {
+        "emb": 16384,
+        "tiny": 16384,
+    }
+    assert client.get("/v1/models/tiny").json()["max_model_len"] == 16384
 
 
 def test_health_and_readiness(make_client: Client) -> None:

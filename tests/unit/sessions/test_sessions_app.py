@@ -348,18 +348,24 @@ def test_trimming_sends_the_engine_a_compacted_context_and_keeps_artifacts(
     assert 'gateway_trims_total{outcome="trimmed"} 3.0' in metrics
 
 
+@pytest.mark.parametrize("told", [True, False])
 def test_a_trimming_budget_keeps_a_session_inside_the_engines_context(
-    gateway: Gateway, redis_url: str
+    gateway: Gateway, redis_url: str, told: bool
 ) -> None:
     """Watermarks far above what the engine holds (a policy written for a large model in
-    front of a small one): the budget's context cap still keeps every request inside."""
+    front of a small one): the budget's context cap still keeps every request inside,
+    whether the policy says the engine's window or the engine does (its `/v1/models`, as
+    the health monitor reads it)."""
+    context = "context_tokens: 2048, " if told else ""
     policy = parse_policy(
         POLICY
         + f"state: {{redis_url: '{redis_url}'}}\n"
         + "trimming: {enabled: true, high_water_tokens: 100000, low_water_tokens: 50000,"
-        + " budget: {context_tokens: 2048, context_share: 0.5}}\n"
+        + f" budget: {{{context}context_share: 0.5}}}}\n"
     )
     client, fake = gateway(policy_override=policy)
+    if not told:
+        client.app.state.fleet.pools["chat"].replicas[0].context_tokens = 2048  # type: ignore[attr-defined]
     history = searches(client, session_headers(), 6)
     counter = token_counter(None)
     untrimmed = sum(counter.count(message_text(m)) + 4 for m in history[1:])

@@ -66,6 +66,17 @@ def test_the_engines_context_caps_both_marks() -> None:
     assert tiny.cap == 1 and tiny.high == 1 and tiny.low == 1  # a target, however small
 
 
+def test_a_budget_without_a_context_takes_the_engines() -> None:
+    spec = budgeted(context_share=0.5)
+    assert marks(spec, 48, [], engine_context=4_096).cap == 2_048 - 48
+    assert marks(spec, 48, []).cap is None  # no engine has said yet: no cap
+    told = budgeted(context_tokens=8_192, context_share=0.5)
+    assert marks(told, 48, [], engine_context=4_096).cap == 4_096 - 48  # the policy wins
+    assert Trimmer(spec, ByteEstimate()).follows_engine
+    assert not Trimmer(told, ByteEstimate()).follows_engine
+    assert not Trimmer(FIXED, ByteEstimate()).follows_engine
+
+
 def test_a_session_never_outgrows_the_engines_context() -> None:
     # 40-line file views (about 300 tokens each): fixed marks far above what the engine holds
     loose = SPEC.model_copy(update={"high_water_tokens": 50_000, "low_water_tokens": 40_000})
