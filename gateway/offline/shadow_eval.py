@@ -25,31 +25,13 @@ import numpy as np
 import numpy.typing as npt
 
 from gateway.offline.route_train.outcomes import CHECKED, PASSED
+from gateway.offline.route_train.ranking import auc
 
 MIN_CHECKED = 100
 AUC_MARGIN = 0.02
 PASS_RATE_SLACK = 0.01
 
 Vector = npt.NDArray[np.float64]
-
-
-def auc(scores: Vector, passed: Vector) -> float | None:
-    """The Mann-Whitney AUC, ties counted half; None without both outcomes."""
-    positives, negatives = int(passed.sum()), int(len(passed) - passed.sum())
-    if positives == 0 or negatives == 0:
-        return None
-    order = np.argsort(scores, kind="stable")
-    ranks = np.empty(len(scores))
-    sorted_scores = scores[order]
-    start = 0
-    while start < len(scores):  # average ranks over runs of equal scores
-        end = start
-        while end + 1 < len(scores) and sorted_scores[end + 1] == sorted_scores[start]:
-            end += 1
-        ranks[order[start : end + 1]] = (start + end) / 2 + 1
-        start = end + 1
-    wins = float(ranks[passed == 1].sum()) - positives * (positives + 1) / 2
-    return wins / (positives * negatives)
 
 
 def _side(tiers: list[str], scores: Vector, passed: Vector, small: str) -> dict[str, Any]:

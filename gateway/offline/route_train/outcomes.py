@@ -29,8 +29,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from gateway.offline.log_lines import LogLineError, read_entries
 from gateway.offline.route_train.labels import LabeledPrompt, LabelError
+from gateway.offline.route_train.ranking import auc
 from gateway.offline.route_train.train import (
     Design,
     Head,
@@ -52,6 +55,15 @@ PASSES = Head(lambda p: p.small_ok, reads_words=True, numeric=NUMERIC_NAMES)
 # traffic learned from is the traffic routed, so its words count for more than across
 # subjects, and a light penalty let them.
 IN_DOMAIN = TrainConfig(words=True, l2_hashed=1e-5)
+# What a route's own outcomes choose between (`select_learner`): whether its words carry
+# is a property of its traffic (across MMLU subjects they did, on a stream of one kind of
+# prompt they may only add noise), and the outcomes are the only labels a route has.
+LEARNERS: tuple[tuple[str, TrainConfig], ...] = (
+    ("words, light penalty", IN_DOMAIN),
+    ("words, default penalty", TrainConfig(words=True)),
+    ("counts only", TrainConfig()),
+)
+SELECTION_FOLDS = 5
 
 
 @dataclass(frozen=True)
@@ -109,14 +121,51 @@ def read_log(
         raise LabelError(str(exc)) from exc
 
 
+@dataclass(frozen=True)
+class Selection:
+    name: str
+    config: TrainConfig
+    aucs: dict[str, float | None]  # each learner's cross-validated AUC on the outcomes
+
+
+def select_learner(
+    prompts: Sequence[LabeledPrompt],
+    learners: Sequence[tuple[str, TrainConfig]] = LEARNERS,
+    folds: int = SELECTION_FOLDS,
+) -> Selection:
+    """The learner whose scores rank these outcomes best when each is held out in turn
+    (`folds` folds, a fixed shuffle): the first listed on a tie, or when none can be
+    judged (too few of one outcome)."""
+    passed = np.array([p.small_ok >= 0.5 for p in prompts], dtype=np.float64)
+    order = np.random.default_rng(0).permutation(len(prompts))
+    texts = [p.prompt for p in prompts]
+    designs: dict[int, Design] = {}  # features extracted once per hash size
+    aucs: dict[str, float | None] = {}
+    for name, config in learners:
+        design = designs.get(config.hash_bits)
+        if design is None:
+            design = designs[config.hash_bits] = Design.of(texts, config.hash_bits)
+        head = replace(PASSES, reads_words=config.words)
+        scores = np.zeros(len(prompts))
+        for fold in range(folds):
+            held = np.sort(order[fold::folds])
+            kept = np.sort(np.setdiff1d(order, held))
+            model = fit_head(design.take(kept), [prompts[i] for i in kept], head, config)
+            scores[held] = model.logits(design.take(held))
+        aucs[name] = auc(scores, passed)
+    best = max(learners, key=lambda item: aucs[item[0]] or 0.0)  # max keeps the first of ties
+    return Selection(best[0], best[1], aucs)
+
+
 def train_from_outcomes(
     prompts: Sequence[LabeledPrompt],
-    config: TrainConfig = IN_DOMAIN,
+    config: TrainConfig | None = None,
     *,
     trained_on: str = "request log",
     progress: Progress | None = None,
 ) -> LearnedRouter:
-    """A router whose score is the small tier's chance of passing its checks."""
+    """A router whose score is the small tier's chance of passing its checks. `config`
+    None: the learner the outcomes choose (`select_learner`)."""
     if not prompts:
         raise LabelError("no labelled answers with their text in the log")
     passed = sum(p.small_ok for p in prompts)
@@ -125,9 +174,20 @@ def train_from_outcomes(
             f"all {len(prompts)} labelled answers {'passed' if passed else 'failed'}: "
             "nothing to tell them apart by"
         )
+    notes = {"heads": "passes its checks (one-sided outcomes)"}
+    if config is None:
+        selection = select_learner(prompts)
+        config = selection.config
+        judged = ", ".join(
+            f"{name} {'-' if value is None else f'{value:.3f}'}"
+            for name, value in selection.aucs.items()
+        )
+        notes["learner"] = f"{selection.name} (cross-validated AUC: {judged})"
+        if progress:
+            progress(f"learner: {notes['learner']}")
     design = Design.of([p.prompt for p in prompts], config.hash_bits)
     model = fit_head(design, prompts, replace(PASSES, reads_words=config.words), config)
     if progress:
         progress(f"trained on {len(prompts)} checked answers, {int(passed)} passed")
     router = router_of(model, config, trained_on=f"{trained_on}: {len(prompts)} outcomes")
-    return replace(router, notes={"heads": "passes its checks (one-sided outcomes)"})
+    return replace(router, notes=notes)

@@ -10,8 +10,15 @@ import orjson
 import pytest
 
 from gateway.cli import main
-from gateway.offline.route_train.labels import LabelError
-from gateway.offline.route_train.outcomes import outcomes_of, read_log, train_from_outcomes
+from gateway.offline.route_train.labels import LabeledPrompt, LabelError
+from gateway.offline.route_train.outcomes import (
+    IN_DOMAIN,
+    outcomes_of,
+    read_log,
+    select_learner,
+    train_from_outcomes,
+)
+from gateway.offline.route_train.train import TrainConfig
 from gateway.tiering.learned import LearnedRouter
 from tests.fakes import Call, Scripted
 from tests.unit.telemetry.conftest import OpenTraced
@@ -136,3 +143,30 @@ def test_feedback_is_a_label_only_with_a_pass_mark() -> None:
     # A check's outcome wins over feedback on the same line.
     checked = {**row, "cascade": "escalated", "cascade_tier": "small"}
     assert outcomes_of([checked], "small", feedback_pass=0.5).prompts[0].small_ok == 0.0
+
+
+def _outcome(text: str, passed: bool) -> LabeledPrompt:
+    return LabeledPrompt("traffic", "auto", text, 1.0 if passed else 0.0, 1.0)
+
+
+def test_a_routes_outcomes_choose_its_learner() -> None:
+    """Held-out ranking on the route's own outcomes decides: here only the words tell
+    a passing prompt from a failing one (same length, same counts), so a learner that
+    reads them wins even when listed last, and the router says why it was chosen."""
+    topics = ["invoice", "refund", "address", "password", "delivery", "warranty"]
+    prompts = [
+        _outcome(f"please {verb} my {topics[i % 6]} request number {i % 7}", verb == "format")
+        for i in range(120)
+        for verb in ("format", "derive")
+    ]
+    counts_first = [("counts only", TrainConfig()), ("words", IN_DOMAIN)]
+    chosen = select_learner(prompts, counts_first)
+    assert chosen.name == "words"
+    assert (chosen.aucs["words"] or 0) > 0.95 > (chosen.aucs["counts only"] or 0)
+    twins = [("first", TrainConfig()), ("second", TrainConfig())]
+    assert select_learner(prompts, twins).name == "first"  # a tie keeps the first listed
+    router = train_from_outcomes(prompts)
+    assert router.reads_words
+    assert router.notes["learner"].startswith("words, light penalty (cross-validated AUC: ")
+    fixed = train_from_outcomes(prompts, TrainConfig())
+    assert "learner" not in fixed.notes and not fixed.reads_words

@@ -13,8 +13,9 @@ import pytest
 
 from gateway.cli import main
 from gateway.offline.route_train.labels import read_labels
+from gateway.offline.route_train.ranking import auc
 from gateway.offline.route_train.train import TrainConfig, train_router
-from gateway.offline.shadow_eval import MIN_CHECKED, auc, shadow_eval
+from gateway.offline.shadow_eval import MIN_CHECKED, shadow_eval
 from tests.fakes import Call, Scripted
 from tests.policies import parse_with_redis
 from tests.unit.clients import OpenGateways
