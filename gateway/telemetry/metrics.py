@@ -158,6 +158,12 @@ class GatewayMetrics:
             "Entity snapshots sent whole because they failed their declared schema.",
             registry=self.registry,
         )
+        self.trim_capped = Counter(
+            "gateway_trim_capped",
+            "Compactions the engine's context forced: the session's history had passed the "
+            "trimming budget's share of the engine's context window.",
+            registry=self.registry,
+        )
 
         self.tier_decisions = Counter(
             "gateway_tier_decisions",

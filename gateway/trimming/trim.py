@@ -63,6 +63,7 @@ class Trimmed:
     schema_failures: int = 0  # snapshots sent whole because they failed their schema
     fell_back: bool = False  # the trimmed context was invalid: the untrimmed one was sent
     saved_tokens: int = 0  # history tokens the engine was spared (0 when nothing was cut)
+    capped: bool = False  # compacted because the history passed the engine's context cap
     started_ns: int = 0  # perf_counter_ns() readings, for the trace's `trim` span
     ended_ns: int = 0
 
@@ -109,12 +110,14 @@ class Trimmer:
         rendered, patches = self._render(messages, analysis, boundary)
         tokens, tail = self._sizes(rendered, analysis.start, boundary)
         limits = self._marks(messages, analysis, engine_context)
+        capped = False
         if limits.triggered(tokens, tail):
             moved = self._next_boundary(messages, analysis, boundary, limits)
             if moved != boundary:
                 again, moved_patches = self._render(messages, analysis, moved)
                 left = self._history_tokens(again, analysis.start)
                 if limits.worth(tokens - left, tokens):
+                    capped = limits.over_cap(tokens)
                     boundary, rendered, patches, tokens = moved, again, moved_patches, left
         if problems(rendered, to_send=to_send):
             untrimmed = self._history_tokens(messages, analysis.start)
@@ -136,6 +139,7 @@ class Trimmer:
             patches,
             analysis.schema_failures,
             saved_tokens=max(0, saved),
+            capped=capped,
             started_ns=started,
             ended_ns=time.perf_counter_ns(),
         )

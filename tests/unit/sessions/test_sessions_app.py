@@ -373,6 +373,9 @@ def test_a_trimming_budget_keeps_a_session_inside_the_engines_context(
     for call in fake.calls:
         sent = orjson.loads(call.body)["messages"]
         assert sum(counter.count(message_text(m)) + 4 for m in sent[1:]) <= 1024
+    capped = [line for line in client.get("/metrics").text.splitlines()
+              if line.startswith("gateway_trim_capped_total ")]  # fmt: skip
+    assert capped and float(capped[0].split()[1]) >= 1  # the cap, not the watermarks, trimmed
 
 
 def test_each_checkpoint_materialises_the_declared_entities(

@@ -85,8 +85,11 @@ def test_a_session_never_outgrows_the_engines_context() -> None:
     counter = Trimmer(loose, ByteEstimate())
     uncapped_peak = max(counter.history_tokens(r) for r in requests(conversation))
     assert uncapped_peak > 2_048  # without the cap the history outgrows the engine
-    for _request, out in replay(capped, conversation):
+    outs = [out for _request, out in replay(capped, conversation)]
+    for out in outs:
         assert out.history_tokens <= 2_048 - 8  # share of the context less the system prompt
+    assert any(out.capped for out in outs)  # the cap compacted, not the loose watermarks
+    assert not any(out.capped for _request, out in replay(FIXED, conversation))
 
 
 def test_a_compaction_frees_a_chunk_and_between_chunks_the_context_extends() -> None:
