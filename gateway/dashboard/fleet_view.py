@@ -44,6 +44,8 @@ class FleetView(Collector):
                     "breaker": self._breakers.of(replica).state,
                     "inflight": replica.inflight,
                     "requests": self._served(replica.id),
+                    # the engine's context window in tokens, from its /v1/models
+                    "context_tokens": replica.context_tokens,
                     "engine": _engine(stats) if stats is not None else None,
                 }
             )

@@ -100,6 +100,7 @@ FIXTURE: dict[str, Any] = {
             "breaker": "closed",
             "inflight": 3,
             "requests": 702,
+            "context_tokens": 16384,
             "engine": {
                 "waiting": 0,
                 "running": 3,
@@ -274,6 +275,10 @@ def test_dashboard_draws_every_card_from_the_fixture(site: Site) -> None:
             for i in range(badges.count())
         } == {"tiny-chat/0": "closed", "tiny-chat/1": "half-open", "big-chat/0": "open"}
         assert page.locator('[data-testid="replica-row"]').count() == 3
+        first = _text(page, '[data-testid="replica-row"][data-replica="tiny-chat/0"]')
+        assert first.rstrip().endswith("16.4k")  # its engine's context window
+        second = _text(page, '[data-testid="replica-row"][data-replica="tiny-chat/1"]')
+        assert second.rstrip().endswith("—")  # not reported (yet)
         assert "2.48" in _text(page, '[data-testid="spec-row"][data-replica="tiny-chat/0"]')
         # Two lines per chart, TTFT's broken by the idle bucket: a path per segment.
         assert page.locator('[data-testid="ttft-chart"] path').count() >= 4
