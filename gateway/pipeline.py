@@ -163,7 +163,7 @@ class Pipeline:
             cached_share=router.cached_share,
             load_scorer=load_learned_router,
         )
-        self._sessions = SessionSteps(policy, sessions, metrics)
+        self._sessions = SessionSteps(policy, sessions, metrics, fleet)
         self._policy = policy
         # Tool calls held for a person's approval; None (no cost) when the policy names none.
         self._approvals = approvals
@@ -270,9 +270,7 @@ class Pipeline:
         session = self._sessions.session_of(call.request, context)
         record.session = session.id if session else None
         with record.stage("hydrate"):
-            turn, request, degraded = await self._sessions.hydrate(
-                call.request, session, context, self._engine_context
-            )
+            turn, request, degraded = await self._sessions.hydrate(call.request, session, context)
         unsaved = None
         if degraded and session is not None:  # served, not kept: the client is told
             record.degraded = "checkpoint"
@@ -286,11 +284,6 @@ class Pipeline:
             hide_usage=hide_usage,
         )
         return call.but(guard=self._guard(call))
-
-    def _engine_context(self, request: InboundRequest) -> int | None:
-        """The context window of the engines this request may be served by, for trimming
-        budgets that follow it (asked only when a budget sets no context of its own)."""
-        return self._fleet.context_tokens(request.model)
 
     async def _approval_answer(self, call: Call) -> Reply | None:
         """An approval's answer, given without the engine; kept in the session like any

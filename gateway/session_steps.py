@@ -14,6 +14,7 @@ from typing import Any
 from gateway.chat.inbound import InboundRequest
 from gateway.chat.messages import Message
 from gateway.errors import InvalidRequest, StateUnavailable
+from gateway.fleet.replicas import Fleet
 from gateway.policy import Endpoint, Policy
 from gateway.request_context import RequestContext
 from gateway.resilience.dispatcher import Dispatch
@@ -32,11 +33,17 @@ log = logging.getLogger(__name__)
 
 class SessionSteps:
     def __init__(
-        self, policy: Policy, sessions: SessionTurns | None, metrics: GatewayMetrics
+        self,
+        policy: Policy,
+        sessions: SessionTurns | None,
+        metrics: GatewayMetrics,
+        fleet: Fleet | None = None,
     ) -> None:
         self._spec = policy.sessions
         self._sessions = sessions if policy.sessions.enabled else None
         self._metrics = metrics
+        # For trimming budgets that follow the engines' context window (fleet/health.py).
+        self._fleet = fleet
         self._fail_closed = policy.sessions.on_store_outage == "fail_closed"
 
     def session_of(self, request: InboundRequest, context: RequestContext) -> SessionRef | None:
@@ -47,16 +54,10 @@ class SessionSteps:
         return session_for(self._spec, context.session_id, request.body, context.access.name)
 
     async def hydrate(
-        self,
-        request: InboundRequest,
-        session: SessionRef | None,
-        context: RequestContext,
-        engine_context: Callable[[InboundRequest], int | None] | None = None,
+        self, request: InboundRequest, session: SessionRef | None, context: RequestContext
     ) -> tuple[Turn | None, InboundRequest, bool]:
         """Continue the session: in delta mode, put the stored conversation in front. The
-        flag is True when the store could not be read and the turn is served unsaved.
-        `engine_context`: the context window of the engines the request may go to, asked
-        only when trimming needs it."""
+        flag is True when the store could not be read and the turn is served unsaved."""
         mode = context_mode(context.context_mode)
         if session is None or self._sessions is None:
             if mode == "delta":
@@ -68,11 +69,13 @@ class SessionSteps:
                 )
             return None, request, False
         try:
+            fleet = self._fleet
             turn, body = await self._sessions.begin(
                 session,
                 mode,
                 request.body,
-                engine_context=(lambda: engine_context(request)) if engine_context else None,
+                # the engines' window, asked only by a budget that sets none of its own
+                engine_context=(lambda: fleet.context_tokens(request.model)) if fleet else None,
             )
         except StateUnavailable as exc:
             if mode == "delta" or self._fail_closed:

@@ -132,19 +132,18 @@ def select_learner(
     prompts: Sequence[LabeledPrompt],
     learners: Sequence[tuple[str, TrainConfig]] = LEARNERS,
     folds: int = SELECTION_FOLDS,
+    designs: dict[int, Design] | None = None,
 ) -> Selection:
     """The learner whose scores rank these outcomes best when each is held out in turn
     (`folds` folds, a fixed shuffle): the first listed on a tie, or when none can be
-    judged (too few of one outcome)."""
+    judged (too few of one outcome). `designs`: the prompts' features by hash size,
+    extracted here where missing (the caller's to reuse)."""
     passed = np.array([p.small_ok >= 0.5 for p in prompts], dtype=np.float64)
     order = np.random.default_rng(0).permutation(len(prompts))
-    texts = [p.prompt for p in prompts]
-    designs: dict[int, Design] = {}  # features extracted once per hash size
+    designs = {} if designs is None else designs
     aucs: dict[str, float | None] = {}
     for name, config in learners:
-        design = designs.get(config.hash_bits)
-        if design is None:
-            design = designs[config.hash_bits] = Design.of(texts, config.hash_bits)
+        design = _design(prompts, config, designs)
         head = replace(PASSES, reads_words=config.words)
         scores = np.zeros(len(prompts))
         for fold in range(folds):
@@ -175,8 +174,9 @@ def train_from_outcomes(
             "nothing to tell them apart by"
         )
     notes = {"heads": "passes its checks (one-sided outcomes)"}
+    designs: dict[int, Design] = {}  # features extracted once, for selection and the fit
     if config is None:
-        selection = select_learner(prompts)
+        selection = select_learner(prompts, designs=designs)
         config = selection.config
         judged = ", ".join(
             f"{name} {'-' if value is None else f'{value:.3f}'}"
@@ -185,9 +185,19 @@ def train_from_outcomes(
         notes["learner"] = f"{selection.name} (cross-validated AUC: {judged})"
         if progress:
             progress(f"learner: {notes['learner']}")
-    design = Design.of([p.prompt for p in prompts], config.hash_bits)
+    design = _design(prompts, config, designs)
     model = fit_head(design, prompts, replace(PASSES, reads_words=config.words), config)
     if progress:
         progress(f"trained on {len(prompts)} checked answers, {int(passed)} passed")
     router = router_of(model, config, trained_on=f"{trained_on}: {len(prompts)} outcomes")
     return replace(router, notes=notes)
+
+
+def _design(
+    prompts: Sequence[LabeledPrompt], config: TrainConfig, designs: dict[int, Design]
+) -> Design:
+    """The prompts' features at the config's hash size, extracted once per size."""
+    bits = config.hash_bits
+    if bits not in designs:
+        designs[bits] = Design.of([p.prompt for p in prompts], bits)
+    return designs[bits]
