@@ -42,6 +42,7 @@ class PeerInflight:
         self._totals: dict[str, int] = {}  # replica id -> peers' sum (ids name their pool)
         self._tenants_by_pool: dict[str, dict[str, dict[str, int]]] = {}  # pool -> the same
         self._tenants: dict[str, dict[str, int]] = {}  # replica id -> tenant -> peers' sum
+        self._peers_by_pool: dict[str, int] = {}  # pool -> gateways counted at its last read
 
     def get(self, replica_id: str) -> int:
         return self._totals.get(replica_id, 0)
@@ -49,6 +50,11 @@ class PeerInflight:
     def tenants(self, replica_id: str) -> Mapping[str, int]:
         """The other gateways' requests in flight at the replica, per tenant."""
         return self._tenants.get(replica_id, _NONE)
+
+    def any_peers(self) -> bool:
+        """Whether another gateway renewed its field within `inflight_ttl_s`, as of the
+        last read of any pool."""
+        return any(self._peers_by_pool.values())
 
     def update(self, pool: str, fields: Mapping[bytes, bytes]) -> list[bytes]:
         """The pool's hash as just read (HGETALL). Returns the fields of gateways that
@@ -58,6 +64,7 @@ class PeerInflight:
         totals: dict[str, int] = {}
         tenants: dict[str, dict[str, int]] = {}
         stale: list[bytes] = []
+        peers = 0
         for raw_gateway, raw in fields.items():
             gateway = raw_gateway.decode(errors="replace")
             if gateway == self._own:
@@ -75,12 +82,14 @@ class PeerInflight:
                 stale.append(raw_gateway)
                 del self._seen[gateway]
                 continue
+            peers += 1
             for replica, count in counts.items():
                 if isinstance(count, int) and count > 0:
                     totals[str(replica)] = totals.get(str(replica), 0) + count
             _add_tenants(tenants, value.get("t"))
         self._by_pool[pool] = totals
         self._tenants_by_pool[pool] = tenants
+        self._peers_by_pool[pool] = peers
         self._sum()
         return stale
 

@@ -15,6 +15,11 @@ request path:
   gateway knows.
 
 A placement reaches the other gateways within one flush interval plus a Redis round trip.
+A gateway that found no other in the in-flight hashes at its last read is alone: it
+writes no placements (nobody would read them but its own follower, woken to read them
+back), so a lone gateway's sharing is its in-flight field and one read per flush. A
+gateway that starts later is seen at the next read; the placements of that one interval
+are all it misses (its follower starts at the stream's end anyway).
 It fails open: when Redis does not answer, placements wait in a bounded queue (the
 oldest dropped past `max_queued`), the other gateways' in-flight counts stop counting,
 `gateway_routing_sharing_up` is 0 and one log line says so; when Redis answers again the
@@ -108,6 +113,8 @@ class RoutingShare:
         self._written: dict[str, tuple[_Counts, float]] = {}  # pool -> counts, when
         self._stale: dict[str, list[bytes]] = {}  # pool -> peers' fields to delete
         self._up: bool | None = None
+        # No other gateway at the last read (None: not read yet, so not known to be alone).
+        self._alone: bool | None = None
         self._retry_at = 0.0
         self._flusher = Periodic("routing-sharing-flush", spec.flush_ms / 1000, self.flush)
         self._followers: list[asyncio.Task[None]] = []
@@ -159,6 +166,10 @@ class RoutingShare:
         if self._up is False and self._clock() < self._retry_at:
             return  # Redis was down a moment ago: placements keep queueing meanwhile
         taken, self._queue = self._queue, deque()
+        alone = self._alone is True
+        if alone and taken:
+            self._metrics.sharing_placements.labels("alone").inc(len(taken))
+            taken = deque()
         by_pool: dict[str, list[_Queued]] = {}
         for queued in taken:
             by_pool.setdefault(queued.pool, []).append(queued)
@@ -206,6 +217,7 @@ class RoutingShare:
         for name, at in reads:
             if stale := self.peers.update(name, results[at]):
                 self._stale[name] = stale
+        self._alone = not self.peers.any_peers()
 
     def _requeue(self, taken: deque[_Queued]) -> None:
         """Put back what a failed round took, ahead of what was queued meanwhile."""

@@ -299,7 +299,8 @@ class GatewayMetrics:
             "gateway_routing_placements",
             "Placements shared between gateways, by outcome: published (written to Redis), "
             "applied (another gateway's, learned here), dropped (queued while Redis was "
-            "down and discarded, or naming a replica this gateway does not know).",
+            "down and discarded, or naming a replica this gateway does not know), alone (not "
+            "written: no other gateway was there at the last read).",
             ["outcome"],
             registry=self.registry,
         )

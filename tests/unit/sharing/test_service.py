@@ -276,3 +276,36 @@ def test_redis_down_routes_on_the_local_view_and_sharing_resumes(tmp_path: Path,
         await redis.aclose()
 
     run(scenario)
+
+
+def test_a_gateway_alone_writes_no_placements_until_another_appears(
+    redis_url: str, pool: str
+) -> None:
+    """Alone, a gateway's placements would be read by nobody but its own follower: they
+    are not written (its in-flight field is, for the next gateway to find). Once the
+    second gateway's field is read, placements flow again."""
+
+    async def scenario() -> None:
+        redis = aioredis.Redis.from_url(redis_url)
+        policy = policy_of(pool)
+        a, b = gateway(redis, policy, "gw-a"), gateway(redis, policy, "gw-b")
+        stream, inflight = routing_key(pool, "placements"), routing_key(pool, "inflight")
+        try:
+            first, second = a.replicas
+            await a.share.flush()  # its first read: nobody else there
+            assert a.route(PREFIX, avoid=first) is second
+            await a.share.flush()
+            assert await redis.xlen(stream) == 0
+            assert a.counted("alone") == 1 and a.counted("published") == 0
+            assert b"gw-a" in await redis.hkeys(inflight)  # there to be found
+            await b.share.flush()  # b announces itself, and a reads it at its next round
+            await a.share.flush()
+            assert a.route(PREFIX, avoid=first) is second
+            await a.share.flush()
+            assert await redis.xlen(stream) == 1
+            assert a.counted("published") == 1
+        finally:
+            await redis.delete(stream, inflight)
+            await redis.aclose()
+
+    run(scenario)
