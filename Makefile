@@ -8,7 +8,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: run test check lint typecheck docs docs-serve unit integration engine-env schema engine-validate clean help bench-routing bench-sessions bench-tiers bench-tiers-stream bench-tiers-encoders bench-trimming bench-faults bench-telemetry traces browser phoenix-env frameworks-env clients-env bench manifests bench-redis bench-streams
+.PHONY: run test check lint typecheck docs docs-serve unit integration engine-env schema engine-validate clean help bench-routing bench-sessions bench-tiers bench-tiers-stream bench-tiers-encoders bench-trimming bench-faults bench-telemetry traces browser phoenix-env frameworks-env clients-env bench manifests bench-redis bench-streams bench-hot-path
 
 help:
 	@echo "make run    - engines + gateway on http://127.0.0.1:8080 (Ctrl-C stops all)"
@@ -27,6 +27,7 @@ help:
 	@echo "make manifests     - render deploy/k8s/engines/ from the GPU engine profiles"
 	@echo "make bench-redis   - Redis memory per 1,000 active sessions (about 1 min)"
 	@echo "make bench-streams - how evenly a CPU vLLM replica sends a long stream (about 5 min)"
+	@echo "make bench-hot-path - where the gateway's own time goes, step by step, in process (about 1 min)"
 	@echo "make bench  - overhead side by side: gateway, bare proxy, LiteLLM, vllm-router, Portkey (about 17 min)"
 
 $(STAMP): pyproject.toml
@@ -197,6 +198,11 @@ clean:
 # `make run` with every request traced to a local Arize Phoenix UI (dev only; Ctrl-C stops all).
 traces: $(STAMP) engine-env phoenix-env
 	@bash deploy/observability/traces.sh
+
+# Where the gateway's own time goes on one request: each step of the request path timed in
+# process, in front of the same mock engine as `make bench`.
+bench-hot-path: $(STAMP)
+	@$(BIN)/python -m tests.bench.hot_path
 
 # What the gateway adds to a request beside a bare proxy and peer gateways (LiteLLM,
 # vllm-router, Portkey), all in front of one mock engine; peers in their own cached envs.

@@ -41,7 +41,7 @@ from gateway.tenants.cli import add_keys_parser
 DEFAULT_POLICY = "policies/default.yaml"
 # Allocations between two collections of the youngest generation (gc.set_threshold)
 # in a serving process; measured in make bench (docs/benchmarks/overhead.md).
-_GC_YOUNG_THRESHOLD = 20_000
+GC_YOUNG_THRESHOLD = 20_000
 
 
 def _policy_path(explicit: str | None) -> str:
@@ -138,7 +138,7 @@ def _serve_process(args: argparse.Namespace) -> int:
     # containers), each time walking what the requests in flight still hold and
     # promoting it towards the full collections. Reference counting frees nearly all of
     # a request's objects; the collector only finds cycles, so it can wait longer.
-    gc.set_threshold(_GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
+    gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
     log_config = redacting_log_config(LOGGING_CONFIG)
     config = uvicorn.Config(
         app,
