@@ -610,7 +610,8 @@ class Pipeline:
         assert call.route is not None
         record, route, decision = call.context.record, call.route, dispatch.decision
         self._record_route(choice.pool, decision)
-        self._metrics.tier_decisions.labels(call.request.model, choice.tier, choice.by).inc()
+        metrics = self._metrics
+        metrics.child(metrics.tier_decisions, call.request.model, choice.tier, choice.by).inc()
         record.tier, record.tier_by, record.tier_reason = choice.tier, choice.by, choice.reason
         if choice.shadow is not None and record.shadow is None:  # the first choice's
             record.shadow = choice.shadow
@@ -631,13 +632,14 @@ class Pipeline:
         return {**dispatch.headers(), **choice.header_values()}
 
     def _record_route(self, pool: Pool, decision: ReplicaChoice) -> None:
-        self._metrics.route_decisions.labels(pool.name, decision.reason).inc()
+        metrics, name = self._metrics, pool.name
+        metrics.child(metrics.route_decisions, name, decision.reason).inc()
         if decision.engine_held is not None and decision.engine_held.evicted:
-            self._metrics.route_engine_evicted.labels(pool.name).inc()
+            metrics.child(metrics.route_engine_evicted, name).inc()
         if decision.total_blocks:
-            blocks = self._metrics.prefix_blocks
-            blocks.labels(pool.name, "yes").inc(decision.cached_blocks)
-            blocks.labels(pool.name, "no").inc(decision.total_blocks - decision.cached_blocks)
+            blocks = metrics.prefix_blocks
+            metrics.child(blocks, name, "yes").inc(decision.cached_blocks)
+            metrics.child(blocks, name, "no").inc(decision.total_blocks - decision.cached_blocks)
 
     def _checkpointer(
         self, call: Call, choice: TierChoice, dispatch: Dispatch

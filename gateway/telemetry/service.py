@@ -10,10 +10,9 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Protocol
 
 from opentelemetry.sdk.trace import SpanProcessor
-from prometheus_client import Counter, Histogram
 
 from gateway.periodic import Periodic
 from gateway.policy import Policy
@@ -41,7 +40,6 @@ class TurnListener(Protocol):
 
 
 _NO_TIER = "none"  # label value when no tier was chosen (the request failed before)
-_Metric = TypeVar("_Metric", Counter, Histogram)
 
 
 class Telemetry:
@@ -65,7 +63,6 @@ class Telemetry:
         self._capture = False
         self._request_log: RequestLog | None = None
         self._flusher: Periodic | None = None
-        self._children: dict[tuple[object, tuple[str, ...]], Any] = {}  # see _child
         self.cache_expectation = CacheExpectation()
         # Told of each answered conversation turn, to match its engine's KV blocks (set by
         # the app; gateway/fleet/engine_chains.py).
@@ -184,7 +181,8 @@ class Telemetry:
                     log.exception("span of the decision on %s not written", approval_id)
 
     def _count(self, record: RequestRecord, spend: Spend) -> None:
-        m, child = self.metrics, self._child
+        m = self.metrics
+        child = m.child
         model = record.model or "unknown"
         tier = record.tier or _NO_TIER
         child(m.requests, model, tier, str(record.status)).inc()
@@ -216,16 +214,6 @@ class Telemetry:
                 child(m.savings, tenant, model, source).inc(nusd / NANO)
         if spend.trimmed_tokens:
             child(m.trimmed_tokens, model).inc(spend.trimmed_tokens)
-
-    def _child(self, metric: _Metric, *values: str) -> _Metric:
-        """`metric.labels(*values)`, looked up once: prometheus_client validates the
-        values and takes a lock on every call (2 us each, a dozen per request). Label
-        values here are models, tiers, tenants and statuses, as bounded as the series."""
-        key = (metric, values)  # metrics hash by identity and live as long as self
-        found = self._children.get(key)
-        if found is None:
-            found = self._children[key] = metric.labels(*values)
-        return found
 
     async def _flush(self) -> None:
         if self.usage is not None:
