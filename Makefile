@@ -27,7 +27,7 @@ help:
 	@echo "make manifests     - render deploy/k8s/engines/ from the GPU engine profiles"
 	@echo "make bench-redis   - Redis memory per 1,000 active sessions (about 1 min)"
 	@echo "make bench-streams - how evenly a CPU vLLM replica sends a long stream (about 5 min)"
-	@echo "make bench-hot-path - where the gateway's own time goes, step by step, in process (about 1 min)"
+	@echo "make bench-hot-path - where the gateway's own time goes, step by step, in process, whole and streamed (about 2 min)"
 	@echo "make bench  - overhead side by side: gateway, bare proxy, LiteLLM, vllm-router, Portkey (about 17 min)"
 
 $(STAMP): pyproject.toml
@@ -203,6 +203,7 @@ traces: $(STAMP) engine-env phoenix-env
 # process, in front of the same mock engine as `make bench`.
 bench-hot-path: $(STAMP)
 	@$(BIN)/python -m tests.bench.hot_path
+	@$(BIN)/python -m tests.bench.hot_path --stream --out .run/bench/hot-path-stream.json
 
 # What the gateway adds to a request beside a bare proxy and peer gateways (LiteLLM,
 # vllm-router, Portkey), all in front of one mock engine; peers in their own cached envs.

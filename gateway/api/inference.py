@@ -11,7 +11,9 @@ the dashboard, 404s) goes through FastAPI as before.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import Coroutine
 from dataclasses import replace
 from typing import Any
 
@@ -169,6 +171,43 @@ class EventStreamResponse(StreamingResponse):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            await super().__call__(scope, receive, send)
+            if scope["type"] == "http" and _watch_for_disconnect(scope):
+                await until_disconnect(self.stream_response(send), receive)
+            else:  # the server raises on a send to a client that left: Starlette's way
+                await super().__call__(scope, receive, send)
         finally:
             self.stream.close()
+
+
+def _watch_for_disconnect(scope: Scope) -> bool:
+    """Whether the server speaks ASGI before 2.4, whose `send` to a client that left
+    returns quietly: then only `receive` tells (uvicorn says 2.3)."""
+    spec = scope.get("asgi", {}).get("spec_version", "2.0")
+    return tuple(map(int, spec.split("."))) < (2, 4)
+
+
+async def until_disconnect(streaming: Coroutine[Any, Any, None], receive: Receive) -> None:
+    """`streaming` run to its end, or cancelled when the client goes away first (which
+    closes the stream's source: vLLM aborts a request whose connection is dropped).
+
+    Starlette's StreamingResponse does the same for servers that speak ASGI before 2.4
+    (uvicorn says 2.3) with an anyio task group per response, which cost about 200 us of
+    a streamed request's 1.1 ms here (`make bench-hot-path --stream`); two asyncio tasks
+    do it for a tenth of that. Whatever ends first, neither task outlives the call."""
+    loop = asyncio.get_running_loop()
+    streamer = loop.create_task(streaming)
+    watcher = loop.create_task(_disconnected(receive))
+    try:
+        await asyncio.wait((streamer, watcher), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not streamer.done():  # the client left, or this request was cancelled
+            streamer.cancel()
+            await asyncio.wait((streamer,))
+    if not streamer.cancelled():
+        streamer.result()  # raises what the stream raised
+
+
+async def _disconnected(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass

@@ -1,7 +1,8 @@
 """Benchmark: where the gateway's own time goes on one request, step by step.
 
-    .venv/bin/python -m tests.bench.hot_path [--requests N] [--body tau|long50k] [--out F]
-    (make bench-hot-path; about 1 minute)
+    .venv/bin/python -m tests.bench.hot_path [--requests N] [--body tau|long50k] [--stream]
+        [--out F]
+    (make bench-hot-path: the tau-bench body whole, then streamed; about 2 minutes)
 
 `make bench` measures the gateway from outside, beside a bare proxy; a sampling profiler
 (py-spy) says which lines are busy but not what a step costs, and cProfile charges every
@@ -21,7 +22,9 @@ patched) and a probed one, in which each step in `PROBES` is wrapped by a timer
 (perf_counter_ns, about 1 us per probe). The steps at level 0 are disjoint and together
 with "other" make up the whole request; the indented ones are parts of the step above
 them. "the engine" is the upstream exchange (sending the body, the mock's turn, reading
-the answer's head): what the gateway waits for, not what it does.
+the answer's head) and, streamed, the wait for each next chunk: what the gateway waits
+for, not what it does. Steps a request did not take (a whole answer has no stream relay)
+are left out of the table.
 
 Prints a table of microseconds per request and writes JSON (.run/bench/hot-path.json).
 A benchmark, not a test. Figures move with the machine (1.5x day to day): compare runs
@@ -57,6 +60,7 @@ from tests.bench.telemetry_overhead import otlp_sink
 ROOT = Path(__file__).resolve().parents[2]
 PATH = "/v1/chat/completions"
 WARM_UP = 200
+SPEC = "2.3"  # what uvicorn says it speaks: Starlette then streams with a disconnect watcher
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,8 @@ class Probe:
 
 WHOLE = "whole request (ASGI app)"
 ENGINE = "the engine (upstream exchange)"
+ENGINE_CHUNKS = "the engine (next stream chunk)"
+STREAM = "stream the response"
 EDGE = "edge (request id, record)"
 API = "API call (body read, context)"
 PIPELINE = "pipeline (its glue)"
@@ -111,6 +117,10 @@ PROBES = (
     Probe("deliver", "gateway.pipeline", "Pipeline._deliver", PIPELINE),
     Probe("render the response", "gateway.api.inference", "render", API),
     Probe("send the response", "starlette.responses", "Response.__call__", API),
+    Probe(STREAM, "gateway.api.inference", "EventStreamResponse.__call__", API),
+    Probe(ENGINE_CHUNKS, "gateway.upstream.http1", "_Response.next_chunk", STREAM),
+    Probe("tool-call deltas held", "gateway.toolcalls.stream_hold", "ToolCallHold.take", STREAM),
+    Probe("events observed", "gateway.delivery.events", "EventSteps.take", STREAM),
     Probe("telemetry finish (after the last byte)", "gateway.telemetry.service",
           "Telemetry.finish", EDGE),
 )
@@ -191,7 +201,8 @@ async def one_request(
     headers = [(b"host", b"bench"), (b"content-type", b"application/json"),
                (b"content-length", str(len(body)).encode())]  # fmt: skip
     scope = {
-        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+        "type": "http", "asgi": {"version": "3.0", "spec_version": SPEC}, "http_version": "1.1",
+        "method": "POST",
         "scheme": "http", "path": PATH, "raw_path": PATH.encode(), "query_string": b"",
         "root_path": "", "headers": headers, "client": ("127.0.0.1", 1),
         "server": ("127.0.0.1", 8080), "state": dict(state),
@@ -274,7 +285,7 @@ def steps(timings: Timings, requests: int) -> list[dict[str, Any]]:
 def gateway_own_us(rows: list[dict[str, Any]]) -> float:
     """The whole request less the engine's exchange: what the gateway itself spends."""
     by_step = {row["step"]: row["us"] for row in rows}
-    return float(by_step[WHOLE] - by_step[ENGINE])
+    return float(by_step[WHOLE] - by_step[ENGINE] - by_step[ENGINE_CHUNKS])
 
 
 def print_table(result: dict[str, Any]) -> None:
@@ -282,8 +293,11 @@ def print_table(result: dict[str, Any]) -> None:
     own_total = result["gateway_own_us"]
     print(f"{'step':<48} {'inclusive':>9} {'own':>7} {'of own':>7} {'calls':>6}")
     for row in rows:
+        if not row["calls"]:
+            continue  # a step this request did not take
         name = ("  " * row["depth"]) + row["step"]
-        share = "" if row["step"] == ENGINE else f"{row['own_us'] / own_total:7.1%}"
+        waits = row["step"] in (ENGINE, ENGINE_CHUNKS)
+        share = "" if waits else f"{row['own_us'] / own_total:7.1%}"
         print(f"{name:<48} {row['us']:>9.1f} {row['own_us']:>7.1f} {share:>7} "
               f"{row['calls']:>6.2f}")  # fmt: skip
     print(f"the gateway's own time (whole less the engine): {own_total:.1f} us per request")
@@ -295,13 +309,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=3000)
     parser.add_argument("--body", choices=("tau", "long50k"), default="tau")
+    parser.add_argument("--stream", action="store_true", help="ask for the answer streamed")
     parser.add_argument("--out", default=str(ROOT / ".run/bench/hot-path.json"))
     args = parser.parse_args()
     gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])  # as `gateway serve`
     request = tau_body() if args.body == "tau" else long_body()
     request["model"] = ALIAS
+    if args.stream:
+        request["stream"] = True
     body = orjson.dumps(request)
-    print(f"hot path: {args.body} body ({len(body):,} bytes), {args.requests} requests a pass")
+    answer = "streamed" if args.stream else "whole"
+    print(f"hot path: {args.body} body ({len(body):,} bytes), answer {answer}, "
+          f"{args.requests} requests a pass")  # fmt: skip
     with ExitStack() as stack:
         sink = stack.enter_context(otlp_sink())
         mock = start_mock(0.0, Path(stack.enter_context(tempfile.TemporaryDirectory())))
@@ -313,6 +332,7 @@ def main() -> None:
             "benchmark": "hot_path",
             "date": time.strftime("%Y-%m-%d"),
             "body": args.body,
+            "stream": args.stream,
             "body_bytes": len(body),
             "requests_per_pass": args.requests,
             "unit": "microseconds per request, one request at a time, in process",
