@@ -165,7 +165,7 @@ class EventStreamResponse(StreamingResponse):
 
     def __init__(self, stream: EventStream, headers: dict[str, str]) -> None:
         super().__init__(
-            stream.events(), media_type="text/event-stream", headers={**STREAM_HEADERS, **headers}
+            stream.sends(), media_type="text/event-stream", headers={**STREAM_HEADERS, **headers}
         )
         self.stream = stream
 

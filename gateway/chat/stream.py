@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator, Awaitable, Callable
+from contextlib import aclosing
 from typing import Any
 
 import orjson
@@ -96,6 +97,19 @@ async def chat_events(
     """The stream's events as each completes. Raises UpstreamTimeout when the engine sends
     nothing for `idle_s` (or by `deadline`, a loop time), and UpstreamError when the body
     ends before `[DONE]`: never a silent truncation."""
+    batches = chat_event_batches(next_chunk, idle_s=idle_s, deadline=deadline)
+    async with aclosing(batches):
+        async for batch in batches:
+            for event in batch:
+                yield event
+
+
+async def chat_event_batches(
+    next_chunk: Callable[[], Awaitable[bytes]], *, idle_s: float, deadline: float | None = None
+) -> AsyncGenerator[list[ChatEvent], None]:
+    """`chat_events`, the events that one read of the engine's body completed given
+    together (at most `_EVENTS_PER_PAUSE` at a time): a relay sends them to its client in
+    one write, as they arrived, instead of one write each."""
     loop = asyncio.get_running_loop()
     framer = SSEFramer()
     saw_done = False
@@ -111,11 +125,12 @@ async def chat_events(
             if saw_done:
                 return
             raise UpstreamError("The engine's stream ended without [DONE].")
-        for raw in framer.feed(chunk):
-            event = ChatEvent(raw)
-            saw_done = saw_done or event.done
-            yield event
-            since_pause += 1
+        completed = framer.feed(chunk)
+        for start in range(0, len(completed), _EVENTS_PER_PAUSE):
+            batch = [ChatEvent(raw) for raw in completed[start : start + _EVENTS_PER_PAUSE]]
+            saw_done = saw_done or any(event.done for event in batch)
+            yield batch
+            since_pause += len(batch)
             if since_pause >= _EVENTS_PER_PAUSE:
                 since_pause = 0
                 await asyncio.sleep(0)

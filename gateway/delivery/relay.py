@@ -1,21 +1,23 @@
 """Relaying an engine's SSE stream to the client.
 
-Each event is forwarded as soon as it is complete; nothing is buffered beyond one event.
-After the first byte, failures travel in-stream as OpenAI sends them, and the engine
-request is aborted (its connection dropped) unless it ended normally. `on_end` gives the
-replica's slot back, with the stream's outcome for its breaker, exactly once, whether the
-stream ends, breaks, the client goes away mid-stream, or the stream is closed before its
-first event.
+Each event is forwarded as soon as it is complete; nothing is buffered beyond one read of
+the engine's body. The events one read completed go to the client in one write (`sends`):
+an engine a step ahead of its client (a 0 ms engine, a burst after a pause) would
+otherwise cost a write, and a trip through the server, per event. After the first byte,
+failures travel in-stream as OpenAI sends them, and the engine request is aborted (its
+connection dropped) unless it ended normally. `on_end` gives the replica's slot back, with
+the stream's outcome for its breaker, exactly once, whether the stream ends, breaks, the
+client goes away mid-stream, or the stream is closed before its first event.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
 
 from gateway.chat.conformance import NotAnAnswer
-from gateway.chat.stream import ChatEvent, chat_events
+from gateway.chat.stream import ChatEvent, chat_event_batches
 from gateway.delivery.events import EventSteps
 from gateway.errors import GatewayError, InvalidToolCall, UpstreamError
 from gateway.fleet.replicas import Replica
@@ -52,37 +54,61 @@ class StreamRelay:
         self._closed = False
 
     async def events(self) -> AsyncIterator[bytes]:
-        """The events to send, as each completes; a failure ends them with an error event."""
-        stream = chat_events(
+        """The events to send, one by one as each completes; a failure ends them with an
+        error event. (For converters to other APIs' events, which read one at a time.)"""
+        async with aclosing(self._batches()) as batches:  # closed with this: no waiting
+            async for batch in batches:  # for the collector to close the engine request
+                for event in batch:
+                    yield event
+
+    async def sends(self) -> AsyncIterator[bytes]:
+        """The same events, those one read of the engine's body completed joined into one
+        write."""
+        async with aclosing(self._batches()) as batches:
+            async for batch in batches:
+                yield batch[0] if len(batch) == 1 else b"".join(batch)
+
+    async def _batches(self) -> AsyncGenerator[list[bytes], None]:
+        """What to send after each read of the engine's body: every event it completed
+        (once held tool calls and steps passed it), ending with an error event when the
+        stream fails."""
+        stream = chat_event_batches(
             self._response.next_chunk, idle_s=self._idle_s, deadline=self._deadline
         )
         try:
             async with aclosing(stream):
-                async for event in stream:
-                    try:
-                        events = [event] if self._hold is None else await self._hold.take(event)
-                    except InvalidToolCall as exc:  # refused: the rest is not wanted
-                        yield stream_error(exc)
-                        return
-                    for each in events:
+                async for arrived in stream:
+                    out: list[bytes] = []
+                    for event in arrived:
                         try:
-                            passed = await self._steps.take(each)
-                        except NotAnAnswer as exc:  # the engine's failure: no turn is kept
-                            self._broken = True
-                            log.warning("stream from %s: %s", self.replica.id, exc)
-                            yield stream_error(exc.upstream_error())
+                            events = [event] if self._hold is None else await self._hold.take(event)
+                        except InvalidToolCall as exc:  # refused: the rest is not wanted
+                            out.append(stream_error(exc))
+                            yield out
                             return
-                        except GatewayError as exc:  # the turn could not be kept
-                            yield stream_error(exc)
-                            self._finished = True  # the engine did finish
-                            return
-                        if passed is not None:
-                            yield passed
+                        for each in events:
+                            try:
+                                passed = await self._steps.take(each)
+                            except NotAnAnswer as exc:  # the engine's failure: no turn is kept
+                                self._broken = True
+                                log.warning("stream from %s: %s", self.replica.id, exc)
+                                out.append(stream_error(exc.upstream_error()))
+                                yield out
+                                return
+                            except GatewayError as exc:  # the turn could not be kept
+                                out.append(stream_error(exc))
+                                yield out
+                                self._finished = True  # the engine did finish
+                                return
+                            if passed is not None:
+                                out.append(passed)
+                    if out:
+                        yield out
             self._finished = True
         except UpstreamError as exc:  # broke, went quiet, or ended before [DONE]
             self._broken = True
             log.warning("stream from %s broke: %s", self.replica.id, exc.message)
-            yield stream_error(exc)
+            yield [stream_error(exc)]
         finally:
             self.close()
 

@@ -18,10 +18,16 @@ from gateway.delivery.whole import Answer
 
 
 class EventStream(Protocol):
-    """Events sent one by one as they come; closed exactly once, iterated or not (the
-    replica's slot behind a live stream is given back on close)."""
+    """Events sent as they come; closed exactly once, iterated or not (the replica's slot
+    behind a live stream is given back on close)."""
 
-    def events(self) -> AsyncIterator[bytes]: ...
+    def events(self) -> AsyncIterator[bytes]:
+        """One event at a time (what converters to other APIs read)."""
+        ...
+
+    def sends(self) -> AsyncIterator[bytes]:
+        """The bytes to write to the client: events, those ready together joined."""
+        ...
 
     def close(self) -> None: ...
 
@@ -35,6 +41,9 @@ class Replay:
     async def events(self) -> AsyncIterator[bytes]:
         for event in self._events:
             yield ChatEvent.of(event)  # a ChatEvent already when the engine's: parsed once
+
+    def sends(self) -> AsyncIterator[bytes]:
+        return self.events()
 
     def close(self) -> None:
         return None  # nothing held: the engine's answer was read whole
@@ -54,6 +63,9 @@ class ConvertedEvents:
 
     def events(self) -> AsyncIterator[bytes]:
         return self._convert(self._source.events())
+
+    def sends(self) -> AsyncIterator[bytes]:
+        return self.events()
 
     def close(self) -> None:
         self._source.close()

@@ -305,6 +305,9 @@ class ConvertedStream:
     def events(self) -> AsyncIterator[bytes]:
         return self._converter.convert(self._chat.events())
 
+    def sends(self) -> AsyncIterator[bytes]:
+        return self.events()
+
     def close(self) -> None:
         self._chat.close()
 

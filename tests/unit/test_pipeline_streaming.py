@@ -79,6 +79,39 @@ async def test_each_event_is_forwarded_before_the_next_one_exists() -> None:
     assert fleet.pools["p"].replicas[0].inflight == 0
 
 
+async def test_events_one_read_completed_go_out_in_one_write() -> None:
+    """Several events in one read of the engine's body are one write to the client (the
+    same bytes, no later); a converter reading events still gets them one at a time."""
+    upstream = GatedUpstream()
+    fleet = Fleet(POLICY)
+    pipeline = make_pipeline(fleet, upstream)
+    served = await pipeline.handle(Endpoint.chat, BODY, RequestContext("rid"))
+    response = render(served)
+    assert isinstance(response, StreamingResponse)
+    writes = cast(AsyncGenerator[bytes, None], response.body_iterator)
+    await upstream.gate.put(b"data: 1\n\ndata: 2\n\ndata: 3")
+    assert await asyncio.wait_for(writes.__anext__(), 1) == b"data: 1\n\ndata: 2\n\n"
+    await upstream.gate.put(b"\n\ndata: [DONE]\n\n")
+    assert await asyncio.wait_for(writes.__anext__(), 1) == b"data: 3\n\ndata: [DONE]\n\n"
+    await upstream.gate.put(b"")
+    with pytest.raises(StopAsyncIteration):
+        await writes.__anext__()
+
+    upstream = GatedUpstream()
+    served = await make_pipeline(Fleet(POLICY), upstream).handle(
+        Endpoint.chat, BODY, RequestContext("rid")
+    )
+    assert served.stream is not None
+    events = served.stream.events()
+    for chunk in (b"data: 1\n\ndata: 2\n\ndata: [DONE]\n\n", b""):
+        await upstream.gate.put(chunk)
+    assert [event async for event in events] == [
+        b"data: 1\n\n",
+        b"data: 2\n\n",
+        b"data: [DONE]\n\n",
+    ]
+
+
 async def test_client_going_away_aborts_the_engine_request() -> None:
     upstream = GatedUpstream()
     fleet = Fleet(POLICY)
