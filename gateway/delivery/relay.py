@@ -56,8 +56,10 @@ class StreamRelay:
     async def events(self) -> AsyncIterator[bytes]:
         """The events to send, one by one as each completes; a failure ends them with an
         error event. (For converters to other APIs' events, which read one at a time.)"""
-        async with aclosing(self._batches()) as batches:  # closed with this: no waiting
-            async for batch in batches:  # for the collector to close the engine request
+        # Closed with this generator, not whenever the collector finds it: closing is what
+        # gives the replica's slot back and aborts the engine's request.
+        async with aclosing(self._batches()) as batches:
+            async for batch in batches:
                 for event in batch:
                     yield event
 
