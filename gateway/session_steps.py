@@ -89,11 +89,12 @@ class SessionSteps:
             request = request.with_body(body)
         if turn.trimmed is not None:
             trimmed = turn.trimmed
-            self._metrics.trims.labels("fell_back" if trimmed.fell_back else "trimmed").inc()
-            self._metrics.trim_patches.inc(trimmed.patches)
-            self._metrics.trim_schema_failures.inc(trimmed.schema_failures)
+            metrics = self._metrics
+            metrics.child(metrics.trims, "fell_back" if trimmed.fell_back else "trimmed").inc()
+            metrics.trim_patches.inc(trimmed.patches)
+            metrics.trim_schema_failures.inc(trimmed.schema_failures)
             if trimmed.capped:
-                self._metrics.trim_capped.inc()
+                metrics.trim_capped.inc()
             record = context.record
             record.trimmed_tokens, record.trim_fell_back = trimmed.saved_tokens, trimmed.fell_back
             record.stages.append(

@@ -26,13 +26,14 @@ class EventStream(Protocol):
         ...
 
     def sends(self) -> AsyncIterator[bytes]:
-        """The bytes to write to the client: events, those ready together joined."""
-        ...
+        """The bytes to write to the client: events, those ready together joined (here,
+        for a stream that has nothing to join: one event per write)."""
+        return self.events()
 
     def close(self) -> None: ...
 
 
-class Replay:
+class Replay(EventStream):
     """The events of a stream read whole, sent as the engine produced them."""
 
     def __init__(self, events: list[bytes]) -> None:
@@ -42,14 +43,11 @@ class Replay:
         for event in self._events:
             yield ChatEvent.of(event)  # a ChatEvent already when the engine's: parsed once
 
-    def sends(self) -> AsyncIterator[bytes]:
-        return self.events()
-
     def close(self) -> None:
         return None  # nothing held: the engine's answer was read whole
 
 
-class ConvertedEvents:
+class ConvertedEvents(EventStream):
     """Another stream's events, each rewritten by `convert` as it passes; closing it closes
     the source (and gives its replica back)."""
 
@@ -63,9 +61,6 @@ class ConvertedEvents:
 
     def events(self) -> AsyncIterator[bytes]:
         return self._convert(self._source.events())
-
-    def sends(self) -> AsyncIterator[bytes]:
-        return self.events()
 
     def close(self) -> None:
         self._source.close()

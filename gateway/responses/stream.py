@@ -294,7 +294,7 @@ class ResponseEvents:
         return events
 
 
-class ConvertedStream:
+class ConvertedStream(EventStream):
     """A chat stream (relayed or replayed) sent as Responses API events; closing it closes
     the chat stream (and gives its replica back)."""
 
@@ -304,9 +304,6 @@ class ConvertedStream:
 
     def events(self) -> AsyncIterator[bytes]:
         return self._converter.convert(self._chat.events())
-
-    def sends(self) -> AsyncIterator[bytes]:
-        return self.events()
 
     def close(self) -> None:
         self._chat.close()

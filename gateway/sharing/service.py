@@ -113,8 +113,8 @@ class RoutingShare:
         self._written: dict[str, tuple[_Counts, float]] = {}  # pool -> counts, when
         self._stale: dict[str, list[bytes]] = {}  # pool -> peers' fields to delete
         self._up: bool | None = None
-        # No other gateway at the last read (None: not read yet, so not known to be alone).
-        self._alone: bool | None = None
+        # No other gateway at the last read (not known before the first).
+        self._alone = False
         self._retry_at = 0.0
         self._flusher = Periodic("routing-sharing-flush", spec.flush_ms / 1000, self.flush)
         self._followers: list[asyncio.Task[None]] = []
@@ -123,7 +123,12 @@ class RoutingShare:
     # -- the request path: no I/O ---------------------------------------------------------
 
     def placed(self, pool: str, placement: Placement) -> None:
-        """Queue a placement this gateway made, for the next flush."""
+        """Queue a placement this gateway made, for the next flush; alone, there is no
+        one to tell."""
+        metrics = self._metrics
+        if self._alone:
+            metrics.child(metrics.sharing_placements, "alone").inc()
+            return
         if len(self._queue) >= self._spec.max_queued:
             self._queue.popleft()
             self._metrics.sharing_placements.labels("dropped").inc()
@@ -166,10 +171,6 @@ class RoutingShare:
         if self._up is False and self._clock() < self._retry_at:
             return  # Redis was down a moment ago: placements keep queueing meanwhile
         taken, self._queue = self._queue, deque()
-        alone = self._alone is True
-        if alone and taken:
-            self._metrics.sharing_placements.labels("alone").inc(len(taken))
-            taken = deque()
         by_pool: dict[str, list[_Queued]] = {}
         for queued in taken:
             by_pool.setdefault(queued.pool, []).append(queued)
