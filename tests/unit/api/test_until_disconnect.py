@@ -4,6 +4,7 @@ nothing it started outlives the call (gateway/api/inference.py `until_disconnect
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import pytest
@@ -94,6 +95,46 @@ def test_a_cancelled_call_cancels_the_stream_too() -> None:
         with pytest.raises(asyncio.CancelledError):
             await call
         assert cancelled.is_set()
+        await asyncio.sleep(0)
+        assert not tasks_left()
+
+    asyncio.run(scenario())
+
+
+def test_a_client_leaving_as_the_stream_ends_does_not_cancel_the_caller_afterwards() -> None:
+    async def scenario() -> None:
+        client = Client()
+        answered: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def both_at_once() -> None:  # the listener wakes first, the stream right after
+            client.gone.set()
+            answered.set_result(None)
+
+        async def streaming() -> None:
+            asyncio.get_running_loop().call_soon(both_at_once)
+            await answered
+
+        await until_disconnect(streaming(), client.receive)
+        await asyncio.sleep(0)  # where a late cancellation would land
+        await asyncio.sleep(0)
+        task = asyncio.current_task()
+        assert task is not None and task.cancelling() == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_stream_that_catches_the_cancellation_leaves_the_caller_uncancelled() -> None:
+    async def scenario() -> None:
+        client = Client()
+
+        async def streaming() -> None:
+            client.gone.set()
+            with contextlib.suppress(asyncio.CancelledError):  # ends, as a generator may
+                await asyncio.sleep(3600)
+
+        await asyncio.wait_for(until_disconnect(streaming(), client.receive), timeout=5)
+        task = asyncio.current_task()
+        assert task is not None and task.cancelling() == 0
         await asyncio.sleep(0)
         assert not tasks_left()
 
