@@ -18,14 +18,15 @@ class SSEFramer:
         self._buf = bytearray()
 
     def feed(self, chunk: bytes) -> list[bytes]:
-        if (
-            not self._buf
-            and len(chunk) >= 2
-            and chunk.find(b"\n\n") == len(chunk) - 2  # its only blank line, at the end
-            and b"\r" not in chunk
-        ):
-            # Fast path, the common case with vLLM: the chunk is exactly one whole event.
-            return [chunk]
+        if not self._buf and b"\r" not in chunk:
+            # Only `\n\n` can end an event here, and nothing is left from before.
+            if len(chunk) >= 2 and chunk.find(b"\n\n") == len(chunk) - 2:
+                return [chunk]  # the common case with vLLM: exactly one whole event
+            # Several (an engine a step ahead): split in C, a fifth of the scan below.
+            *complete, rest = chunk.split(b"\n\n")
+            if rest:
+                self._buf += rest
+            return [event + b"\n\n" for event in complete]
         buf = self._buf
         buf += chunk
         # Where each terminator next occurs at or after `start` (-1: nowhere in the buffer),

@@ -128,7 +128,8 @@ async def chat_event_batches(
         completed = framer.feed(chunk)
         for start in range(0, len(completed), _EVENTS_PER_PAUSE):
             batch = [ChatEvent(raw) for raw in completed[start : start + _EVENTS_PER_PAUSE]]
-            saw_done = saw_done or any(event.done for event in batch)
+            # `[DONE]` ends a stream, so it is looked for from a batch's end.
+            saw_done = saw_done or any(event.done for event in reversed(batch))
             yield batch
             since_pause += len(batch)
             if since_pause >= _EVENTS_PER_PAUSE:

@@ -38,19 +38,36 @@ class EventSteps:
         # called before `[DONE]` is passed on), an answer read whole, or a captured trace.
         self.reply = ReplyCollector() if collect or on_reply is not None else None
         self._on_reply = on_reply
+        self.reply_to_keep = False  # the reply just ended: `keep_reply` before passing on
 
     async def take(self, event: bytes) -> bytes | None:
         """One whole event: what to pass on (None: the hidden usage chunk). Raises
         NotAnAnswer for a chunk of the wrong shape, or the GatewayError that kept the turn
         from being kept."""
+        passed = self.observe(event)
+        if self.reply_to_keep:
+            await self.keep_reply()
+        return passed
+
+    def observe(self, event: bytes) -> bytes | None:
+        """`take` without keeping the turn: when this event finished the reply and the
+        turn is to be kept, `reply_to_keep` says so, and `keep_reply` must be awaited
+        before the event is passed on. (A relay calls this for every event and awaits
+        only at that one: a coroutine per event cost more than the step.)"""
         usage_only = self.facts.observe_event(event)
         reply = self.reply
         if reply is not None and not reply.done:
             reply.feed(event)
             if reply.done:
                 self.facts.reply = reply.message()
-                if self._on_reply is not None:
-                    await self._on_reply(reply.message(), reply.usage)
+                self.reply_to_keep = self._on_reply is not None
         if usage_only and self._hide_usage:
             return None
         return conform_event(event) if self._conform else event
+
+    async def keep_reply(self) -> None:
+        """The turn's reply handed to `on_reply` (its checkpoint), once."""
+        self.reply_to_keep = False
+        reply = self.reply
+        if self._on_reply is not None and reply is not None:
+            await self._on_reply(reply.message(), reply.usage)

@@ -79,18 +79,26 @@ class StreamRelay:
         )
         try:
             async with aclosing(stream):
+                hold, steps = self._hold, self._steps
                 async for arrived in stream:
                     out: list[bytes] = []
                     for event in arrived:
                         try:
-                            events = [event] if self._hold is None else await self._hold.take(event)
+                            # Awaited only where something may wait (a call held, a turn
+                            # kept): a coroutine per event cost more than the steps.
+                            if hold is None or hold.untouched(event):
+                                events: list[ChatEvent] = [event]
+                            else:
+                                events = await hold.take(event)
                         except InvalidToolCall as exc:  # refused: the rest is not wanted
                             out.append(stream_error(exc))
                             yield out
                             return
                         for each in events:
                             try:
-                                passed = await self._steps.take(each)
+                                passed = steps.observe(each)
+                                if steps.reply_to_keep:
+                                    await steps.keep_reply()
                             except NotAnAnswer as exc:  # the engine's failure: no turn is kept
                                 self._broken = True
                                 log.warning("stream from %s: %s", self.replica.id, exc)

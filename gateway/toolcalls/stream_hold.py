@@ -45,11 +45,16 @@ class ToolCallHold:
         self._refused = False
         self._head: dict[str, Any] = {}  # id, created, model of the stream's chunks
 
+    def untouched(self, event: bytes) -> bool:
+        """Whether the event passes as it is: text, usage, `[DONE]` while no call is open
+        (`take` would return it alone, unparsed)."""
+        return not self._pending and event.find(b'"tool_calls"') < 0
+
     async def take(self, event: ChatEvent) -> list[ChatEvent]:
         """The events to pass on for one engine event (none, it, or released calls
         first). Raises InvalidToolCall when a call is refused as an error."""
-        if not self._pending and event.find(b'"tool_calls"') < 0:
-            return [event]  # text, usage, [DONE] while no call is open: untouched, unparsed
+        if self.untouched(event):
+            return [event]
         out: list[ChatEvent] = []
         changed = False
         chunks = event.chunks()

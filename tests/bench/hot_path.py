@@ -119,8 +119,9 @@ PROBES = (
     Probe("send the response", "starlette.responses", "Response.__call__", API),
     Probe(STREAM, "gateway.api.inference", "EventStreamResponse.__call__", API),
     Probe(ENGINE_CHUNKS, "gateway.upstream.http1", "_Response.next_chunk", STREAM),
-    Probe("tool-call deltas held", "gateway.toolcalls.stream_hold", "ToolCallHold.take", STREAM),
-    Probe("events observed", "gateway.delivery.events", "EventSteps.take", STREAM),
+    Probe("tool-call deltas looked for", "gateway.toolcalls.stream_hold",
+          "ToolCallHold.untouched", STREAM),
+    Probe("events observed", "gateway.delivery.events", "EventSteps.observe", STREAM),
     Probe("telemetry finish (after the last byte)", "gateway.telemetry.service",
           "Telemetry.finish", EDGE),
 )
