@@ -46,8 +46,10 @@ def kickoff_crew(base_url: str, backstory: str) -> dict[str, Any]:
     from crewai import LLM, Agent, Crew, Process, Task
     from crewai.tools import tool
 
+    # temperature 0: the random weights ending an answer at its first token, or opening a
+    # tool-call markup the stream then drops, would leave an output empty (1 in ~700)
     llm = LLM(model=f"openai/{MODEL}", base_url=base_url, api_key="unused", max_tokens=16,
-              stream=True)  # fmt: skip
+              stream=True, temperature=0)  # fmt: skip
     router = Agent(role="Router", goal="Classify the request", backstory=backstory, llm=llm,
                    max_iter=1)  # fmt: skip
     clerk = Agent(role="Clerk", goal="Check bookings", backstory=backstory, llm=llm,
@@ -68,6 +70,7 @@ def kickoff_crew(base_url: str, backstory: str) -> dict[str, Any]:
 async def run_autogen(base_url: str) -> dict[str, Any]:
     """An AssistantAgent with a tool, streaming its model calls; then a forced tool call
     through the same client class."""
+    import openai
     from autogen_agentchat.agents import AssistantAgent
     from autogen_core.models import ModelInfo, UserMessage
     from autogen_core.tools import FunctionTool
@@ -79,7 +82,7 @@ async def run_autogen(base_url: str) -> dict[str, Any]:
     # OpenAI answers too, hence a client of its own.
     streaming = OpenAIChatCompletionClient(
         model=MODEL, base_url=base_url, api_key="unused", max_tokens=16, model_info=info,
-        stream_options={"include_usage": True},
+        stream_options={"include_usage": True}, temperature=0,
     )  # fmt: skip
     agent = AssistantAgent("clerk", model_client=streaming, tools=[lookup_booking],
                            model_client_stream=True, system_message="You check bookings.")  # fmt: skip
@@ -91,24 +94,29 @@ async def run_autogen(base_url: str) -> dict[str, Any]:
     usage = reply.models_usage
 
     client = OpenAIChatCompletionClient(model=MODEL, base_url=base_url, api_key="unused",
-                                        model_info=info)  # fmt: skip
+                                        model_info=info, max_retries=0)  # fmt: skip
     booking = FunctionTool(lookup_booking, description="Look up a booking by its id.")
+    forced: Any = None
+    refused: dict[str, Any] | None = None
     try:
         forced = await client.create(
             [UserMessage(content="Check booking ABC123", source="user")],
             tools=[booking], tool_choice=booking,
             extra_create_args={"max_tokens": 60, "temperature": 0},
         )  # fmt: skip
+    except openai.APIStatusError as exc:  # the gateway refused the call the model made
+        refused = {"status": exc.status_code, "code": exc.code}
     finally:
         await client.close()
-    content = forced.content
+    content = None if forced is None else forced.content
     return {
         "messages": [type(m).__name__ for m in run.messages],
         "reply": reply.to_text(),
         "reply_usage": None if usage is None else asdict(usage),
         "forced_calls": [c.name for c in content] if isinstance(content, list) else None,
         "forced_text": content if isinstance(content, str) else None,
-        "forced_usage": asdict(forced.usage),
+        "forced_usage": None if forced is None else asdict(forced.usage),
+        "forced_refused": refused,
     }
 
 

@@ -107,6 +107,12 @@ def test_an_autogen_assistant_streams_and_gets_a_forced_tool_call(gateway: Gatew
     assert run["messages"] == ["TextMessage", "TextMessage"]  # the task, then the reply
     assert run["reply"]
     assert run["reply_usage"]["completion_tokens"] > 0  # the stream's usage chunk arrived
+    if run["forced_refused"] is not None:
+        # vLLM 0.32 constrains a named call's name only: arguments the random weights made
+        # that are no JSON object are refused by the gateway, never passed on.
+        assert run["forced_refused"] == {"status": 502, "code": "invalid_tool_call"}
+        assert served_since(gateway, before, 1) == 1  # the agent's one model call
+        return
     # Parsed when the random-weight model finishes the constrained JSON, markup otherwise.
     if run["forced_calls"] is not None:
         assert run["forced_calls"] == ["lookup_booking"]
