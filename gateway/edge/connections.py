@@ -35,6 +35,7 @@ from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
+from gateway.edge.held_heads import HeldHeads
 from gateway.errors import GatewayError, InvalidRequest, RequestTimeout
 from gateway.policy.schema import ServerSpec
 
@@ -100,7 +101,8 @@ class BoundedHttpProtocol(HttpToolsProtocol):
 
     # asyncio's side
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+        # A response's head goes out with its body's first write (gateway/edge/held_heads.py).
+        super().connection_made(HeldHeads(transport, self.loop))
         bounds = self.bounds
         bounds.open += 1
         self._counted = True
