@@ -4,7 +4,7 @@ uvicorn writes a response's status line and headers the moment the app sends
 `http.response.start`, and its body with the next message: two writes, so two system
 calls, two TCP segments and two wake-ups of the client for every answer, when the body is
 nearly always ready in the same turn of the event loop. Counted with strace over 200
-requests of `make bench`'s tau-bench body: 4.0 writes per answer became 3.0 (5.2 to 4.3
+requests of `make bench`'s tau-bench body: 4.0 writes per answer became 3.0 (5.1 to 4.3
 streamed).
 
 `HeldHeads` wraps a connection's transport: a write that is a response head (it starts
