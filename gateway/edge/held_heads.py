@@ -12,7 +12,8 @@ streamed).
 system call), or by itself at the end of the current turn of the loop when no other
 write follows in it (an answer whose first byte is still being generated). Nothing else
 is held: a streamed event is never delayed, and a head at most until the loop's next
-turn.
+turn. (A body write that happens to begin `HTTP/1.` is held the same way: later by a
+turn at most, never out of order.)
 """
 
 from __future__ import annotations
