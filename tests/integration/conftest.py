@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 
@@ -171,3 +172,20 @@ def refused_as_invalid(exc: openai.APIStatusError) -> None:
     0.32 constrains only a named call's name; the tiny model's random weights make its
     arguments (`true`, `[]`, JSON cut short), which the gateway never passes on."""
     assert exc.status_code == 502 and exc.code == "invalid_tool_call", exc
+
+
+def applied(gateway: Gateway) -> float:
+    """The placements of other gateways this one has applied (`gateway_routing_placements_total`)."""
+    text = httpx.get(f"{gateway.base_url}/metrics", timeout=5).text
+    for line in text.splitlines():
+        if line.startswith('gateway_routing_placements_total{outcome="applied"}'):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def until_applied(gateway: Gateway, count: float) -> None:
+    """Until the gateway has applied `count` placements of the others (10 s at most)."""
+    deadline = time.monotonic() + 10
+    while applied(gateway) < count:
+        assert time.monotonic() < deadline, "the placement never reached the other gateway"
+        time.sleep(0.01)

@@ -110,6 +110,11 @@ async def _chat(
     return int(response.json()["usage"]["prompt_tokens"])
 
 
+async def _stored_past(subscriber: KvEventSubscriber, replica_id: str, blocks: int) -> None:
+    """Until the replica's events say it holds more than `blocks` blocks."""
+    await until(lambda: subscriber.views[replica_id].blocks_held > blocks)
+
+
 def _text(seed: int, words: int) -> str:
     return " ".join(f"w{seed}x{i % 997}" for i in range(words))
 
@@ -130,10 +135,11 @@ async def test_an_eviction_reaches_the_conversation_it_cut(dev_engine: ReplicaRe
         async with httpx.AsyncClient(timeout=300) as client:
             history = [{"role": "user", "content": _text(1, 600)}]
             for answer in ("first answer", "second answer"):  # two turns, the second extends
-                sent = chains.now()
+                sent, stored = chains.now(), subscriber.views[replica.id].blocks_held
                 prompt = await _chat(client, dev_engine.url, history)
-                await until(lambda: subscriber.views[replica.id].blocks_held > 0)
-                await asyncio.sleep(0.5)  # the step's events are published after it
+                # This turn's own stores (the second turn's too, not the first's again) ...
+                await _stored_past(subscriber, replica.id, stored)
+                await asyncio.sleep(0.5)  # ... and those of its last step, published after it
                 chains.answered(conversation, sent, prompt, 1)
                 history += [{"role": "assistant", "content": answer},
                             {"role": "user", "content": _text(2, 50)}]  # fmt: skip

@@ -15,7 +15,6 @@ land where it was placed. (With `sharing.enabled: false` this test failed: check
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -24,7 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.integration.conftest import Engines, Gateway, running_gateway
+from tests.integration.conftest import Engines, Gateway, applied, running_gateway, until_applied
 
 pytestmark = pytest.mark.engine
 
@@ -73,12 +72,14 @@ def test_a_prefix_placed_by_one_gateway_is_routed_to_its_replica_by_the_other(
     first, second = two_gateways
     _ask(second, f"warm-up {uuid.uuid4().hex}")  # the two gateways' own views now differ
     placed: set[str] = set()
+    known = applied(second)
     for _ in range(PREFIXES):
         marker = uuid.uuid4().hex
         prompt = f"Runbook {marker}: " + " ".join(f"step {i} of {marker}" for i in range(120))
         where, _ = _ask(first, prompt)
         placed.add(where)
-        time.sleep(0.5)  # the placement's flush (10 ms) and the other gateway's read
+        known += 1
+        until_applied(second, known)  # the placement's flush (10 ms) and the other's read
         there, cached = _ask(second, prompt)
         assert there == where  # the other gateway knew where the prefix went ...
         assert cached > 0  # ... and the engine served it from its prefix cache

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import time
 import uuid
 from contextlib import ExitStack
 from pathlib import Path
@@ -25,7 +24,7 @@ import httpx
 import pytest
 
 from tests.fault.harness import running_upstreams
-from tests.integration.conftest import Gateway, running_gateway
+from tests.integration.conftest import Gateway, running_gateway, until_applied
 from tests.policies import with_redis
 
 LONG = "You are a careful agent. " * 900  # about 22 KB: 40+ prefix blocks
@@ -54,14 +53,6 @@ def pair(stack: ExitStack, policy: Path, tmp_path: Path) -> tuple[Gateway, Gatew
     return first, second
 
 
-def applied(gateway: Gateway) -> float:
-    text = httpx.get(f"{gateway.base_url}/metrics", timeout=5).text
-    for line in text.splitlines():
-        if line.startswith('gateway_routing_placements_total{outcome="applied"}'):
-            return float(line.split()[-1])
-    return 0.0
-
-
 def ask(gateway: Gateway, system: str, user: str) -> httpx.Response:
     body = {
         "model": "main",
@@ -69,13 +60,6 @@ def ask(gateway: Gateway, system: str, user: str) -> httpx.Response:
         "max_tokens": 5,
     }
     return httpx.post(f"{gateway.v1}/chat/completions", json=body, timeout=30)
-
-
-def until_applied(gateway: Gateway, count: float) -> None:
-    deadline = time.monotonic() + 10
-    while applied(gateway) < count:
-        assert time.monotonic() < deadline, "the placement never reached the other gateway"
-        time.sleep(0.01)
 
 
 @pytest.fixture
