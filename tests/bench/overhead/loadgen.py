@@ -4,10 +4,14 @@
         --requests N [--stream] [--warmup W] [--header 'Name: value' ...]
 
 Its own process, so that the client's work is never inside the target's process (it still
-shares the machine's cores with it). One aiohttp session whose connection limit is the
-concurrency; C workers send requests back to back until N are done. The first W requests
-(default: twice the concurrency) are not timed: they open every connection, so the timed
-part measures requests, not handshakes.
+shares the machine's cores with it). C keep-alive connections, each sending requests back
+to back until N are done; the first W requests (default: twice the concurrency) are not
+timed: they open every connection, so the timed part measures requests, not handshakes.
+
+It speaks HTTP/1.1 itself (an asyncio protocol and httptools' parser, on uvloop), the
+request's bytes rendered once: on this 2-core machine whatever the client spends is taken
+from the target, and an aiohttp client spent about 3x as much per request (the figures in
+docs/benchmarks/overhead.md), which capped what a second gateway worker could show.
 
 Per request: client latency (send to last byte); for streams also the time to the first
 event and the gaps between consecutive SSE events as they reached the client (events that
@@ -26,9 +30,10 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
+from urllib.parse import urlsplit
 
-import aiohttp
+import httptools
 import orjson
 import uvloop
 
@@ -66,48 +71,109 @@ class Record:
         self.error_sample = self.error_sample or reason[:300]
 
 
-async def one(
-    session: aiohttp.ClientSession, url: str, body: bytes, stream: bool, record: Record | None
-) -> None:
+class Exchange(asyncio.Protocol):
+    """One keep-alive connection: a request written whole, its answer parsed as it comes."""
+
+    def __init__(self, stream: bool) -> None:
+        self.stream = stream
+        self.parser = httptools.HttpResponseParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.answered: asyncio.Future[None] | None = None
+        self.closed = asyncio.get_running_loop().create_future()
+        self.status = 0
+        self.pieces: list[bytes] = []
+        self.arrivals: list[float] = []
+        self.pending = b""
+        self.done = False
+        self.reusable = True  # until an answer says `Connection: close`
+
+    # asyncio.Protocol
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._finish(exc)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._finish(exc or ConnectionResetError("the target closed the connection"))
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    # httptools callbacks
+    def on_headers_complete(self) -> None:
+        self.status = self.parser.get_status_code()
+
+    def on_body(self, body: bytes) -> None:
+        if not self.stream or self.status != 200:
+            self.pieces.append(body)
+            return
+        now = time.perf_counter()
+        pending = self.pending + body
+        events = pending.count(b"\n\n")
+        if events:
+            self.done = self.done or b"data: [DONE]" in pending
+            self.arrivals.extend([now] * events)
+            pending = pending[pending.rfind(b"\n\n") + 2 :]
+        self.pending = pending
+
+    def on_message_complete(self) -> None:
+        self.reusable = self.parser.should_keep_alive()
+        self._finish(None)
+
+    def _finish(self, exc: BaseException | None) -> None:
+        if self.answered is not None and not self.answered.done():
+            if exc is None:
+                self.answered.set_result(None)
+            else:
+                self.answered.set_exception(exc)
+
+    async def send(self, request: bytes, timeout_s: float) -> None:
+        """Write `request` and wait for its whole answer, at most `timeout_s`."""
+        transport = self.transport
+        assert transport is not None
+        self.status, self.pieces, self.arrivals = 0, [], []
+        self.pending, self.done = b"", False
+        loop = asyncio.get_running_loop()
+        self.answered = loop.create_future()
+        timer = loop.call_later(timeout_s, self._finish, TimeoutError("no answer in time"))
+        transport.write(request)
+        try:
+            await self.answered
+        finally:
+            timer.cancel()
+
+
+@dataclass
+class Target:
+    host: str
+    port: int
+    request: bytes  # the whole HTTP request, rendered once
+    stream: bool
+    timeout_s: float
+
+
+async def one(exchange: Exchange, target: Target, record: Record | None) -> None:
     """One request; its figures go to `record` (None: a warm-up request, not timed)."""
     start = time.perf_counter()
-    try:
-        async with session.post(url, data=body) as response:
-            if response.status != 200:
-                if record is not None:
-                    record.fail(f"HTTP {response.status}: {(await response.read())[:200]!r}")
-                else:
-                    await response.read()
-                return
-            if not stream:
-                payload = await response.read()
-                end = time.perf_counter()
-                if record is None:
-                    return
-                if b'"choices"' not in payload:
-                    record.fail(f"no choices: {payload[:200]!r}")
-                    return
-                record.latency.append(end - start)
-                return
-            arrivals: list[float] = []
-            pending = b""
-            done = False
-            async for piece in response.content.iter_any():
-                now = time.perf_counter()
-                pending += piece
-                events = pending.count(b"\n\n")
-                if events:
-                    done = done or b"data: [DONE]" in pending
-                    arrivals.extend([now] * events)
-                    pending = pending[pending.rfind(b"\n\n") + 2 :]
-            end = time.perf_counter()
-    except (aiohttp.ClientError, TimeoutError) as exc:
-        if record is not None:
-            record.fail(f"{type(exc).__name__}: {exc}")
-        return
+    await exchange.send(target.request, target.timeout_s)
+    end = time.perf_counter()
     if record is None:
         return
-    if not done or not arrivals:
+    if exchange.status != 200:
+        record.fail(f"HTTP {exchange.status}: {b''.join(exchange.pieces)[:200]!r}")
+        return
+    if not target.stream:
+        payload = b"".join(exchange.pieces)
+        if b'"choices"' not in payload:
+            record.fail(f"no choices: {payload[:200]!r}")
+            return
+        record.latency.append(end - start)
+        return
+    arrivals = exchange.arrivals
+    if not exchange.done or not arrivals:
         record.fail(f"stream ended without [DONE] after {len(arrivals)} events")
         return
     record.latency.append(end - start)
@@ -115,42 +181,66 @@ async def one(
     record.gaps.extend(b - a for a, b in itertools.pairwise(arrivals))
 
 
+async def connect(target: Target) -> Exchange:
+    loop = asyncio.get_running_loop()
+    _, exchange = await loop.create_connection(
+        lambda: Exchange(target.stream), target.host, target.port
+    )
+    return exchange
+
+
 async def drive(
-    session: aiohttp.ClientSession,
-    url: str,
-    body: bytes,
-    stream: bool,
-    concurrency: int,
-    count: int,
-    record: Record | None,
+    target: Target, exchanges: list[Exchange], count: int, record: Record | None
 ) -> float:
-    """`count` requests over `concurrency` workers; returns the wall time they took."""
+    """`count` requests over the connections; returns the wall time they took. A
+    connection that fails is counted and replaced."""
     left = count
 
-    async def worker() -> None:
+    async def worker(slot: int) -> None:
         nonlocal left
         while left > 0:
             left -= 1
-            await one(session, url, body, stream, record)
+            try:
+                if not exchanges[slot].reusable or exchanges[slot].closed.done():
+                    exchanges[slot] = await connect(target)
+                await one(exchanges[slot], target, record)
+            except (OSError, httptools.HttpParserError, TimeoutError) as exc:
+                if record is not None:
+                    record.fail(f"{type(exc).__name__}: {exc}")
+                exchanges[slot].reusable = False
+            spent = exchanges[slot]
+            if not spent.reusable and spent.transport is not None:
+                spent.transport.abort()
 
     start = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    await asyncio.gather(*(worker(slot) for slot in range(len(exchanges))))
     return time.perf_counter() - start
+
+
+def render(url: str, body: bytes, headers: dict[str, str]) -> tuple[str, int, bytes]:
+    """The request as it goes on the wire: host, port and its bytes."""
+    parts = urlsplit(url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 80
+    path = parts.path + (f"?{parts.query}" if parts.query else "")
+    lines = [f"POST {path} HTTP/1.1", f"Host: {parts.netloc}", f"Content-Length: {len(body)}"]
+    lines += [f"{name}: {value}" for name, value in headers.items()]
+    return host, port, ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
 
 
 async def run(args: argparse.Namespace, body: bytes, headers: dict[str, str]) -> dict[str, Any]:
     warmup = args.concurrency * 2 if args.warmup is None else args.warmup
-    connector = aiohttp.TCPConnector(limit=args.concurrency, force_close=False)
-    timeout = aiohttp.ClientTimeout(total=args.timeout_s)
+    host, port, request = render(args.url, body, headers)
+    target = Target(host, port, request, args.stream, args.timeout_s)
     record = Record()
-    async with aiohttp.ClientSession(
-        connector=connector, timeout=timeout, headers=headers
-    ) as session:
+    exchanges = [await connect(target) for _ in range(args.concurrency)]
+    try:
         if warmup:
-            await drive(session, args.url, body, args.stream, args.concurrency, warmup, None)
-        wall = await drive(
-            session, args.url, body, args.stream, args.concurrency, args.requests, record
-        )
+            await drive(target, exchanges, warmup, None)
+        wall = await drive(target, exchanges, args.requests, record)
+    finally:
+        for exchange in exchanges:
+            if exchange.transport is not None:
+                exchange.transport.close()
     done = len(record.latency)
     return {
         "requests": args.requests,
