@@ -28,7 +28,7 @@ help:
 	@echo "make bench-redis   - Redis memory per 1,000 active sessions (about 1 min)"
 	@echo "make bench-streams - how evenly a CPU vLLM replica sends a long stream (about 5 min)"
 	@echo "make bench-hot-path - where the gateway's own time goes, step by step, in process, whole and streamed (about 2 min)"
-	@echo "make bench  - overhead side by side: gateway, bare proxy, LiteLLM, vllm-router, Portkey (about 17 min)"
+	@echo "make bench  - overhead side by side: gateway, bare proxy, LiteLLM, vllm-router, Portkey (about 11 min)"
 
 $(STAMP): pyproject.toml
 	@echo "setup: gateway environment $(VENV)"

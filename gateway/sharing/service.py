@@ -131,7 +131,7 @@ class RoutingShare:
             return
         if len(self._queue) >= self._spec.max_queued:
             self._queue.popleft()
-            self._metrics.sharing_placements.labels("dropped").inc()
+            metrics.child(metrics.sharing_placements, "dropped").inc()
         self._queue.append(_Queued(pool, placement, self._wall_clock()))
 
     def peer_inflight(self, replica_id: str) -> int:
@@ -262,7 +262,7 @@ class RoutingShare:
             batch = decode_batch(fields)
         except MalformedBatch as exc:
             log.warning("routing sharing: a malformed entry in pool %s's stream: %s", pool, exc)
-            self._metrics.sharing_placements.labels("dropped").inc()
+            self._metrics.child(self._metrics.sharing_placements, "dropped").inc()
             return
         known = self._fleet.pools.get(pool)
         ids = {r.id for r in known.replicas} if known is not None else set()
