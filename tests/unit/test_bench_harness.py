@@ -4,7 +4,8 @@ Both speak HTTP themselves (tests/bench/overhead/loadgen.py, mock_upstream.py) s
 take as little as they can of the cores the targets share; a framing mistake in either
 would show up as errors or as speed long after the change. Here the load generator drives
 the mock in one event loop: whole answers, streams (chunked, with the usage chunk), a wrong
-model's 404, and a connection the server closes after each answer.
+model's 404, a connection the server closes after each answer, and answers paced by a
+service time.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ MODEL = "bench-model"
 
 
 @pytest.fixture
-async def mock_url() -> AsyncIterator[str]:
-    engine = MockEngine(MODEL, service_ms=0.0)
+async def mock_url(request: pytest.FixtureRequest) -> AsyncIterator[str]:
+    engine = MockEngine(MODEL, service_ms=getattr(request, "param", 0.0))
     loop = asyncio.get_running_loop()
     server = await loop.create_server(lambda: Connection(engine), "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
@@ -74,3 +75,16 @@ async def test_connections_closed_by_the_server_are_replaced(mock_url: str) -> N
     closing = {**HEADERS, "Connection": "close"}
     result = await loadgen.run(_args(mock_url, stream=False), _body(MODEL, False), closing)
     assert (result["completed"], result["errors"]) == (30, 0)
+
+
+@pytest.mark.parametrize("mock_url", [20.0], indirect=True)
+async def test_a_service_time_paces_whole_answers_and_streams(mock_url: str) -> None:
+    whole = await loadgen.run(
+        _args(mock_url, stream=False, requests=8), _body(MODEL, False), HEADERS
+    )
+    streamed = await loadgen.run(
+        _args(mock_url, stream=True, requests=8), _body(MODEL, True), HEADERS
+    )
+    assert (whole["errors"], streamed["errors"]) == (0, 0)
+    assert whole["latency_ms"]["p50"] >= 20  # slept before the body
+    assert streamed["ttfc_ms"]["p50"] < 20 <= streamed["latency_ms"]["p50"]  # spread over it

@@ -200,6 +200,8 @@ async def _write_paced(
         for i, event in enumerate(events):
             if i < CHUNKS:
                 await asyncio.sleep(gap)  # one equal sleep before each token's chunk
+            if transport.is_closing():
+                return  # the client left mid-stream, as an engine's would
             transport.write(_chunk(event))
         transport.write(b"0\r\n\r\n")
     if not keep_alive:
