@@ -212,7 +212,8 @@ class RoutingShare:
             self._down(exc)
             return
         self._set_up(True)
-        self._metrics.sharing_placements.labels("published").inc(len(taken))
+        metrics = self._metrics
+        metrics.child(metrics.sharing_placements, "published").inc(len(taken))
         for name, written in writes.items():
             self._written[name] = (written, now)
         for name, at in reads:
@@ -227,7 +228,8 @@ class RoutingShare:
         for _ in range(max(0, overflow)):
             taken.popleft()
         if overflow > 0:
-            self._metrics.sharing_placements.labels("dropped").inc(overflow)
+            metrics = self._metrics
+            metrics.child(metrics.sharing_placements, "dropped").inc(overflow)
         self._queue = taken
 
     # -- follow ---------------------------------------------------------------------------
@@ -262,7 +264,8 @@ class RoutingShare:
             batch = decode_batch(fields)
         except MalformedBatch as exc:
             log.warning("routing sharing: a malformed entry in pool %s's stream: %s", pool, exc)
-            self._metrics.child(self._metrics.sharing_placements, "dropped").inc()
+            metrics = self._metrics
+            metrics.child(metrics.sharing_placements, "dropped").inc()
             return
         known = self._fleet.pools.get(pool)
         ids = {r.id for r in known.replicas} if known is not None else set()
@@ -275,12 +278,12 @@ class RoutingShare:
                 applied += 1
             else:  # another fleet's replica (or one this gateway has not listed yet)
                 dropped += 1
-        counter = self._metrics.sharing_placements
+        metrics = self._metrics
         if applied:
-            counter.labels("applied").inc(applied)
-            self._metrics.sharing_lag.observe(max(0.0, self._wall_clock() - batch.made_at))
+            metrics.child(metrics.sharing_placements, "applied").inc(applied)
+            metrics.sharing_lag.observe(max(0.0, self._wall_clock() - batch.made_at))
         if dropped:
-            counter.labels("dropped").inc(dropped)
+            metrics.child(metrics.sharing_placements, "dropped").inc(dropped)
 
     # -- up or down -----------------------------------------------------------------------
 
