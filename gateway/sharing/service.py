@@ -125,13 +125,12 @@ class RoutingShare:
     def placed(self, pool: str, placement: Placement) -> None:
         """Queue a placement this gateway made, for the next flush; alone, there is no
         one to tell."""
-        metrics = self._metrics
         if self._alone:
-            metrics.child(metrics.sharing_placements, "alone").inc()
+            self._count("alone")
             return
         if len(self._queue) >= self._spec.max_queued:
             self._queue.popleft()
-            metrics.child(metrics.sharing_placements, "dropped").inc()
+            self._count("dropped")
         self._queue.append(_Queued(pool, placement, self._wall_clock()))
 
     def peer_inflight(self, replica_id: str) -> int:
@@ -212,8 +211,7 @@ class RoutingShare:
             self._down(exc)
             return
         self._set_up(True)
-        metrics = self._metrics
-        metrics.child(metrics.sharing_placements, "published").inc(len(taken))
+        self._count("published", len(taken))
         for name, written in writes.items():
             self._written[name] = (written, now)
         for name, at in reads:
@@ -228,8 +226,7 @@ class RoutingShare:
         for _ in range(max(0, overflow)):
             taken.popleft()
         if overflow > 0:
-            metrics = self._metrics
-            metrics.child(metrics.sharing_placements, "dropped").inc(overflow)
+            self._count("dropped", overflow)
         self._queue = taken
 
     # -- follow ---------------------------------------------------------------------------
@@ -264,8 +261,7 @@ class RoutingShare:
             batch = decode_batch(fields)
         except MalformedBatch as exc:
             log.warning("routing sharing: a malformed entry in pool %s's stream: %s", pool, exc)
-            metrics = self._metrics
-            metrics.child(metrics.sharing_placements, "dropped").inc()
+            self._count("dropped")
             return
         known = self._fleet.pools.get(pool)
         ids = {r.id for r in known.replicas} if known is not None else set()
@@ -278,14 +274,18 @@ class RoutingShare:
                 applied += 1
             else:  # another fleet's replica (or one this gateway has not listed yet)
                 dropped += 1
-        metrics = self._metrics
         if applied:
-            metrics.child(metrics.sharing_placements, "applied").inc(applied)
-            metrics.sharing_lag.observe(max(0.0, self._wall_clock() - batch.made_at))
+            self._count("applied", applied)
+            self._metrics.sharing_lag.observe(max(0.0, self._wall_clock() - batch.made_at))
         if dropped:
-            metrics.child(metrics.sharing_placements, "dropped").inc(dropped)
+            self._count("dropped", dropped)
 
     # -- up or down -----------------------------------------------------------------------
+
+    def _count(self, outcome: str, placements: int = 1) -> None:
+        """`gateway_routing_placements_total{outcome}`, its child looked up once."""
+        metrics = self._metrics
+        metrics.child(metrics.sharing_placements, outcome).inc(placements)
 
     def _down(self, exc: BaseException) -> None:
         self.peers.clear()

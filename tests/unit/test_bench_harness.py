@@ -13,7 +13,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
+import orjson
 import pytest
 
 from tests.bench.overhead import loadgen
@@ -42,11 +44,10 @@ def _args(url: str, *, stream: bool, requests: int = 30) -> argparse.Namespace:
 
 
 def _body(model: str, stream: bool) -> bytes:
-    extra = ',"stream":true,"stream_options":{"include_usage":true}' if stream else ""
-    return b'{"model":"%b","messages":[{"role":"user","content":"hi"}]%b}' % (
-        model.encode(),
-        extra.encode(),
-    )
+    request: dict[str, Any] = {"model": model, "messages": [{"role": "user", "content": "hi"}]}
+    if stream:
+        request |= {"stream": True, "stream_options": {"include_usage": True}}
+    return orjson.dumps(request)
 
 
 HEADERS = {"Content-Type": "application/json"}

@@ -79,13 +79,12 @@ class Exchange(asyncio.Protocol):
         self.parser = httptools.HttpResponseParser(self)
         self.transport: asyncio.Transport | None = None
         self.answered: asyncio.Future[None] | None = None
-        self.closed = asyncio.get_running_loop().create_future()
         self.status = 0
         self.pieces: list[bytes] = []
         self.arrivals: list[float] = []
         self.pending = b""
         self.done = False
-        self.reusable = True  # until an answer says `Connection: close`
+        self.reusable = True  # until an answer says `Connection: close`, or it is lost
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -98,9 +97,8 @@ class Exchange(asyncio.Protocol):
             self._finish(exc)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.reusable = False
         self._finish(exc or ConnectionResetError("the target closed the connection"))
-        if not self.closed.done():
-            self.closed.set_result(None)
 
     # httptools callbacks
     def on_headers_complete(self) -> None:
@@ -201,7 +199,7 @@ async def drive(
         while left > 0:
             left -= 1
             try:
-                if not exchanges[slot].reusable or exchanges[slot].closed.done():
+                if not exchanges[slot].reusable:
                     exchanges[slot] = await connect(target)
                 await one(exchanges[slot], target, record)
             except (OSError, httptools.HttpParserError, TimeoutError) as exc:
