@@ -27,6 +27,14 @@ before either ran (2026-12-06): route-train's learner choosing itself per route
 light penalty, words at the default one, and counts only) becomes the default if, on the
 MMLU design stream over 3 orders, its small share at 95% after 1,000 outcomes is at least
 the fixed `IN_DOMAIN` learner's less 0.01; only then is GSM8K run, once, with the default.
+
+A second candidate, written down before it ran on any stream (2026-12-06, fourth
+session): `--learner averaged`, the mean of the three learners' logits, each fit on every
+outcome (one linear model, `Fitted.plus`), instead of the one the folds select. It would
+replace the selection if on the MMLU design stream over 5 orders (seeds 0-4) its mean
+share after 1,000 outcomes were at least the selected learner's on the same orders plus
+0.005; only then would GSM8K run with it. It was not (0.5774 against 0.5910), so GSM8K
+was not run with it.
 """
 
 from __future__ import annotations
@@ -36,7 +44,7 @@ import json
 import random
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -49,10 +57,17 @@ from gateway.offline.route_eval import (
     small_share_at,
 )
 from gateway.offline.route_train.labels import LabeledPrompt, read_labels
-from gateway.offline.route_train.outcomes import IN_DOMAIN, read_log, train_from_outcomes
-from gateway.offline.route_train.train import TrainConfig
+from gateway.offline.route_train.outcomes import (
+    IN_DOMAIN,
+    LEARNERS,
+    PASSES,
+    read_log,
+    train_from_outcomes,
+)
+from gateway.offline.route_train.train import Design, TrainConfig, fit_head, router_of
 from gateway.telemetry.record import RequestRecord
 from gateway.telemetry.request_log import log_entry
+from gateway.tiering.learned import LearnedRouter
 from tests.bench.report import write_report
 from tests.conftest import SHARED_DATA
 
@@ -76,6 +91,24 @@ def log_line(prompt: LabeledPrompt, number: int) -> str:
     return json.dumps(log_entry(record))
 
 
+def averaged(prompts: list[LabeledPrompt]) -> LearnedRouter:
+    """The `averaged` candidate: the mean of the three learners' logits, one model."""
+    design = Design.of([p.prompt for p in prompts], LEARNERS[0][1].hash_bits)
+    fits = [
+        fit_head(design, prompts, replace(PASSES, reads_words=config.words), config)
+        for _, config in LEARNERS
+    ]
+    model = fits[0]
+    for other in fits[1:]:
+        model = model.plus(other, 1.0)
+    third = 1.0 / len(fits)
+    model = replace(
+        model, hashed=model.hashed * third, numeric=model.numeric * third, bias=model.bias * third
+    )
+    router = router_of(model, LEARNERS[0][1], trained_on=f"{len(prompts)} outcomes")
+    return replace(router, notes={"learner": "averaged"})
+
+
 @dataclass(frozen=True)
 class OrderRun:
     seed: int
@@ -87,7 +120,11 @@ class OrderRun:
 
 
 def one_order(
-    prompts: list[LabeledPrompt], seed: int, work: Path, learner: TrainConfig | None = None
+    prompts: list[LabeledPrompt],
+    seed: int,
+    work: Path,
+    learner: TrainConfig | None = None,
+    average: bool = False,
 ) -> OrderRun:
     order = list(prompts)
     random.Random(seed).shuffle(order)
@@ -104,7 +141,10 @@ def one_order(
                 continue
             out.flush()
             outcomes = read_log(log, tier="small")
-            router = train_from_outcomes(outcomes.prompts, learner)
+            if average:
+                router = averaged(outcomes.prompts)
+            else:
+                router = train_from_outcomes(outcomes.prompts, learner)
             learners[number] = router.notes.get("learner", "given").split(" (")[0]
             scores = np.array([router.score(p.prompt) for p in later])
             curve[number] = round(small_share_at(scores, small, large), 4)
@@ -125,9 +165,10 @@ def main() -> int:
     parser.add_argument("--stream", choices=("gsm8k", "mmlu-design"), default="gsm8k")
     parser.add_argument(
         "--learner",
-        choices=("selected", "in-domain"),
+        choices=("selected", "in-domain", "averaged"),
         default="selected",
-        help="selected: route-train's default, the learner the outcomes choose",
+        help="selected: route-train's default, the learner the outcomes choose; averaged: "
+        "the three learners' mean (a candidate, not adopted)",
     )
     args = parser.parse_args()
     labels = read_labels(LABELS)
@@ -143,7 +184,7 @@ def main() -> int:
     runs = []
     with tempfile.TemporaryDirectory(prefix="outcome-stream-") as work:
         for seed in range(args.orders):
-            run = one_order(prompts, seed, Path(work), learner)
+            run = one_order(prompts, seed, Path(work), learner, args.learner == "averaged")
             runs.append(run)
             print(f"order {seed}: {run.small_share_at_95_by_outcomes} "
                   f"(random {run.random_small_share_at_95}, "
