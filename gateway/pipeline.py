@@ -10,14 +10,14 @@ the HTTP layer renders it (gateway/api/inference.py).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import replace
 from typing import Any
 
 import orjson
 
 from gateway import headers as gateway_headers
 from gateway.approvals.gate import ApprovalGate, Guard
-from gateway.approvals.gateway_answers import gateway_answer
+from gateway.call import Call, Live, Reply, Settled
 from gateway.chat.inbound import InboundRequest, parse_request
 from gateway.chat.messages import Message
 from gateway.delivery.events import EventSteps
@@ -25,7 +25,6 @@ from gateway.delivery.relay import StreamRelay
 from gateway.delivery.served import Served
 from gateway.delivery.whole import Answer, read_answer
 from gateway.errors import (
-    InvalidToolCall,
     ModelNotFound,
     NoHealthyReplica,
     OutputCheckFailed,
@@ -43,15 +42,15 @@ from gateway.resilience.response_cache import ResponseCache, cache_key
 from gateway.routing.costs import RouteRequest
 from gateway.routing.router import ReplicaChoice, Router
 from gateway.session_steps import Checkpointer, SessionSteps
-from gateway.sessions.ids import SessionRef
-from gateway.sessions.turns import SessionTurns, Turn
+from gateway.sessions.turns import SessionTurns
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.tenants.identity import TenantAccess
-from gateway.tenants.settings import TenantPolicies, TenantSettings
+from gateway.tenants.settings import TenantPolicies
 from gateway.tiering.chooser import TierChoice, TierChooser, load_learned_router
 from gateway.tiering.features import readable_part
 from gateway.tiering.stickiness import MemorySessionTiers
-from gateway.toolcalls.checker import Judgement, ToolCallChecks, ToolCheck
+from gateway.tool_call_steps import ToolCallSteps
+from gateway.toolcalls.checker import ToolCallChecks
 from gateway.toolcalls.stream_hold import ToolCallHold
 from gateway.upstream.client import Upstream
 
@@ -66,76 +65,6 @@ _UPSTREAM_PATHS = {
     Endpoint.completions: "/v1/completions",
     Endpoint.embeddings: "/v1/embeddings",
 }
-
-
-@dataclass(frozen=True)
-class Call:
-    """One request as the steps of `handle` make it: each step reads it and returns it
-    with what it decided."""
-
-    request: InboundRequest
-    context: RequestContext
-    tenant: TenantSettings
-    session: SessionRef | None = None
-    turn: Turn | None = None  # the session turn this call is, when it is kept
-    unsaved: SessionRef | None = None  # its store was down: the turn is served, not kept
-    # The client did not ask for the stream's usage chunk; the gateway did (`_with_usage`).
-    hide_usage: bool = False
-    guard: Guard | None = None  # may call a tool that needs a person's approval
-    route: RouteRequest | None = None
-    choice: TierChoice | None = None
-    tools: ToolCheck | None = None  # the check of the tool calls it may answer with
-    # Response headers noted along the way (which parts of the prompt prefix changed).
-    notes: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def client_usage(self) -> bool:
-        """Whether a stream's client asked for the usage chunk (the gateway always does)."""
-        return self.request.stream and not self.hide_usage
-
-    def but(self, **changes: Any) -> Call:
-        """This call with `changes`, as `dataclasses.replace` makes it but without its
-        field-by-field frozen `__init__`: each step makes one, and `replace` was 4% of the
-        gateway's CPU per request (py-spy, `make bench` at c=32). A Call has no derived
-        state to invalidate, so copying its fields is the whole of it."""
-        assert changes.keys() <= _CALL_FIELDS, changes.keys() - _CALL_FIELDS
-        copy = object.__new__(Call)
-        vars(copy).update(vars(self), **changes)
-        return copy
-
-
-_CALL_FIELDS = frozenset(f.name for f in fields(Call))
-
-
-@dataclass(frozen=True)
-class Reply:
-    """An answer read (or written) whole, and how the turn it answers is kept."""
-
-    answer: Answer
-    headers: dict[str, str]  # how it was served
-    commit: Checkpointer | None  # None: not a new answer of the engine, the turn is unsaved
-    keep_as: str | None = None  # the response cache's key for it, when it may be kept
-
-
-@dataclass(frozen=True)
-class Live:
-    """A stream relayed as the engine sends it; its turn is committed by the relay, before
-    `[DONE]` is passed on."""
-
-    relay: StreamRelay
-    headers: dict[str, str]
-
-
-@dataclass(frozen=True)
-class Settled:
-    """An answer read whole and where it came from, as its tool calls left it."""
-
-    choice: TierChoice
-    dispatch: Dispatch
-    headers: dict[str, str]
-    answer: Answer
-    stands: bool = True  # False: refused, the gateway's answer instead of the engine's
-    held: tuple[str, ...] = ()  # tools an analyzer holds for a person's approval
 
 
 class Pipeline:
@@ -177,8 +106,10 @@ class Pipeline:
         self._dispatcher = dispatcher or Dispatcher(policy, router, upstream, metrics)
         self._prefixes = PrefixSteps(policy, fingerprints, metrics)
         self._metrics = metrics
-        # Every tool call checked against the declared tools (gateway/toolcalls/).
+        # Every tool call checked against the declared tools (gateway/toolcalls/), and an
+        # invalid one asked again, escalated or refused (gateway/tool_call_steps.py).
         self._tool_calls = ToolCallChecks(policy.tool_calls, metrics)
+        self._tool_call_steps = ToolCallSteps(self._tiers, self._resend)
         # Kept deterministic answers, the last fallback (when the policy turns it on).
         self._answers = answers if policy.resilience.response_cache.enabled else None
 
@@ -342,7 +273,7 @@ class Pipeline:
     async def _send(self, call: Call) -> Reply | Live:
         """Choose a replica and send (the model's fallbacks when its pool cannot answer,
         then this same request's kept answer); relay a stream, read a completion whole
-        (its tool calls judged: `_settle_calls`)."""
+        (its tool calls judged: gateway/tool_call_steps.py)."""
         request = call.request
         answer_key = cache_key(request.body) if self._answers is not None else None
         try:
@@ -357,7 +288,8 @@ class Pipeline:
             commit = self._checkpointer(call, choice, dispatch)
             return Live(self._relay(call, choice, dispatch, commit), headers)
         answer = await self._read_answer(call, request, dispatch)
-        settled = await self._settle_calls(call, Settled(choice, dispatch, headers, answer))
+        settled = Settled(choice, dispatch, headers, answer)
+        settled = await self._tool_call_steps.settle(call, settled)
         commit = self._checkpointer(call, settled.choice, settled.dispatch)
         keep_as = answer_key if settled.stands else None  # a refusal is not kept
         return Reply(settled.answer, settled.headers, commit, keep_as)
@@ -365,8 +297,8 @@ class Pipeline:
     async def _checked(self, call: Call) -> Reply:
         """An answer with checks is read whole and checked before the client sees it; one
         that fails moves up a tier once, and a failure with nowhere to go is an error. Its
-        tool calls are judged as any answer's (`_settle_calls`). An answer that may call a
-        tool needing approval is read whole too, and held if it does."""
+        tool calls are judged as any answer's (gateway/tool_call_steps.py). An answer that
+        may call a tool needing approval is read whole too, and held if it does."""
         request, record = call.request, call.context.record
         assert call.choice is not None
         choice, checks = call.choice, call.choice.checks
@@ -379,10 +311,9 @@ class Pipeline:
             sent = request
             if checks is not None:
                 sent = request.with_body(checks.constrain(request.body, engine_can))
-            choice, dispatch = await self._dispatch(call.but(choice=choice), sent)
-            headers = self._dispatched(call, choice, dispatch)
-            answer = await self._read_answer(call, sent, dispatch)
-            problems = checks.problems(answer.reply) if checks else []
+            settled = await self._resend(call, choice, sent)
+            choice = settled.choice  # a fallback's, when the pool could not answer
+            problems = checks.problems(settled.answer.reply) if checks else []
             if not problems:
                 if checks:
                     outcome = "escalated" if escalated else "passed"
@@ -402,7 +333,7 @@ class Pipeline:
             choice = self._tiers.escalated(request.model, choice, problems[0][0])
             record.escalating()
             escalated = True
-        settled = await self._settle_calls(call, Settled(choice, dispatch, headers, answer))
+        settled = await self._tool_call_steps.settle(call, settled)
         answer, headers = settled.answer, settled.headers
         guard = call.guard
         held = await guard.hold(answer, call.client_usage, also=settled.held) if guard else None
@@ -412,94 +343,6 @@ class Pipeline:
             if call.tools is not None:
                 call.tools.count("held")
         return Reply(answer, headers, self._checkpointer(call, settled.choice, settled.dispatch))
-
-    async def _settle_calls(
-        self, call: Call, settled: Settled, asked: InboundRequest | None = None
-    ) -> Settled:
-        """The answer's tool calls judged (gateway/toolcalls/checker.py): valid or repaired
-        calls stand; an invalid one goes through the policy's steps: asked again (the same
-        pool, what was wrong appended), escalated one tier, or refused. `asked`: the
-        request re-asks are built from (default: the client's; a live stream's recovery
-        passes it unstreamed)."""
-        tools, record = call.tools, call.context.record
-        request = asked or call.request
-        reasks = 0
-        while tools is not None and (calls := _calls(settled.answer)) is not None:
-            judgement = tools.judge(calls)
-            if record.tool_check is None:  # the first answer's, a label for learning
-                record.tool_check = "valid" if judgement.valid else "invalid"
-                record.tool_check_tier = settled.choice.tier
-            if judgement.valid:
-                answer = self._judged(call, settled.answer, judgement, calls)
-                return replace(settled, answer=answer, held=judgement.held)
-            choice = settled.choice
-            step = tools.step(
-                judgement,
-                reasks_left=reasks < tools.reask_max,
-                can_escalate=choice.escalate_to is not None,
-            )
-            record.tool_call_outcome(step, judgement.summary())
-            if step == "refuse":
-                tools.count("refused", len(judgement.issues))
-                answer = self._refused(call, settled.answer, judgement, choice)
-                return replace(settled, answer=answer, stands=False)
-            again = request
-            if step == "reask":
-                tools.count("reasked", len(judgement.issues))
-                reasks += 1
-                body = tools.reask_body(request.body, settled.answer.reply, judgement)
-                again = request.with_body(body)
-            else:
-                tools.count("escalated", len(judgement.issues))
-                choice = self._tiers.escalated(request.model, choice, "tool_calls")
-            record.escalating()  # the invalid answer is paid for all the same
-            choice, dispatch = await self._dispatch(call.but(choice=choice), again)
-            headers = self._dispatched(call, choice, dispatch)
-            answer = await self._read_answer(call, again, dispatch)
-            settled = Settled(choice, dispatch, headers, answer)
-        return settled
-
-    async def _recover_stream(
-        self, call: Call, choice: TierChoice, dispatch: Dispatch, reply: Message
-    ) -> Message:
-        """A live stream's reply with an invalid call, settled as a whole answer would be
-        (asked again unstreamed, escalated, or refused): the message whose calls (or
-        refusal) finish the stream. InvalidToolCall when the refusal is an error."""
-        request = call.request
-        body = {k: v for k, v in request.body.items() if k not in ("stream", "stream_options")}
-        unstreamed = replace(request.with_body(body), stream=False)
-        first = Settled(choice, dispatch, {}, Answer(reply, None))
-        settled = await self._settle_calls(call, first, unstreamed)
-        return settled.answer.reply or {"role": "assistant", "content": ""}
-
-    def _judged(
-        self, call: Call, answer: Answer, judgement: Judgement, calls: list[dict[str, Any]]
-    ) -> Answer:
-        """The answer with its repaired calls in place (as it was when none needed one)."""
-        assert call.tools is not None
-        checked = judgement.review.calls
-        repaired = sum(1 for made, sent in zip(calls, checked, strict=True) if made is not sent)
-        if repaired < len(calls):
-            call.tools.count("valid", len(calls) - repaired)
-        if not repaired:
-            return answer
-        call.tools.count("repaired", repaired)
-        call.context.record.tool_call_outcome("repair", ",".join(judgement.review.repairs))
-        assert answer.reply is not None
-        message = {**answer.reply, "tool_calls": checked}
-        return _replaced(answer, message, call)
-
-    def _refused(
-        self, call: Call, answer: Answer, judgement: Judgement, choice: TierChoice
-    ) -> Answer:
-        """The refusal the policy asks for: an error, or the assistant saying why."""
-        assert call.tools is not None
-        if call.tools.refuse_as == "error":
-            raise InvalidToolCall(
-                f"The model's tool call was refused: {judgement.summary()}",
-                headers=choice.header_values(),
-            )
-        return _replaced(answer, call.tools.refusal(judgement), call)
 
     async def _deliver(self, call: Call, outcome: Reply | Live) -> Served:
         """The one exit: the response headers, built once, and the session turn committed
@@ -605,6 +448,15 @@ class Pipeline:
             context.record,
         )
 
+    async def _resend(self, call: Call, choice: TierChoice, request: InboundRequest) -> Settled:
+        """`request` sent for `call` to `choice` (its fallbacks when it cannot answer),
+        recorded, and its answer read whole: a checked answer's each try, and a tool
+        call's re-ask or escalation."""
+        choice, dispatch = await self._dispatch(call.but(choice=choice), request)
+        headers = self._dispatched(call, choice, dispatch)
+        answer = await self._read_answer(call, request, dispatch)
+        return Settled(choice, dispatch, headers, answer)
+
     def _dispatched(self, call: Call, choice: TierChoice, dispatch: Dispatch) -> dict[str, str]:
         """Records the decisions; returns the headers that report them."""
         assert call.route is not None
@@ -671,7 +523,7 @@ class Pipeline:
         if call.tools is not None:  # calls held until whole and judged; bad ones settled
 
             async def recover(reply: Message) -> Message:
-                return await self._recover_stream(call, choice, dispatch, reply)
+                return await self._tool_call_steps.recover_stream(call, choice, dispatch, reply)
 
             hold = ToolCallHold(call.tools, recover)
         steps = EventSteps(
@@ -705,35 +557,6 @@ class Pipeline:
         self._metrics.fallbacks.labels(call.request.model, "cache").inc()
         headers = {**call.choice.header_values(), gateway_headers.FALLBACK: "cache"}
         return Reply(Answer(None, None, payload), headers, commit=None)
-
-
-def _calls(answer: Answer) -> list[dict[str, Any]] | None:
-    calls = answer.reply.get("tool_calls") if answer.reply is not None else None
-    return calls if isinstance(calls, list) and calls else None
-
-
-def _replaced(answer: Answer, message: dict[str, Any], call: Call) -> Answer:
-    """The answer with another assistant message: a completion keeps all else it said
-    (id, usage, logprobs); a stream read whole is told again as the gateway's own."""
-    completion = answer.completion
-    if completion is not None and isinstance(completion.get("choices"), list):
-        first = completion["choices"][0]
-        finish = "tool_calls" if message.get("tool_calls") else "stop"
-        choices = [{**first, "message": {**first.get("message", {}), **message,
-                                         "tool_calls": message.get("tool_calls")},
-                    "finish_reason": finish}, *completion["choices"][1:]]  # fmt: skip
-        changed = {**completion, "choices": choices}
-        return Answer(message, answer.usage, orjson.dumps(changed), answer.media_type,
-                      completion=changed)  # fmt: skip
-    record = call.context.record
-    return gateway_answer(
-        message,
-        model=record.result.response_model or call.request.model,
-        stream=call.request.stream,
-        usage=answer.usage,
-        include_usage=call.client_usage,
-        completion_id=record.result.response_id,
-    )
 
 
 def _with_usage(request: InboundRequest) -> tuple[InboundRequest, bool]:

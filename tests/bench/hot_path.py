@@ -113,7 +113,7 @@ PROBES = (
     Probe("route recorded", "gateway.pipeline", "Pipeline._dispatched", PIPELINE),
     Probe(READ, "gateway.pipeline", "Pipeline._read_answer", PIPELINE),
     Probe("conform the completion", "gateway.delivery.whole", "conform_completion", READ),
-    Probe("tool calls judged", "gateway.pipeline", "Pipeline._settle_calls", PIPELINE),
+    Probe("tool calls judged", "gateway.tool_call_steps", "ToolCallSteps.settle", PIPELINE),
     Probe("deliver", "gateway.pipeline", "Pipeline._deliver", PIPELINE),
     Probe("render the response", "gateway.api.inference", "render", API),
     Probe("send the response", "starlette.responses", "Response.__call__", API),

@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
+from gateway.call import Call
 from gateway.chat.inbound import parse_request
-from gateway.pipeline import Call
 from gateway.policy import Endpoint, parse_policy
 from gateway.request_context import RequestContext
 from gateway.tenants.settings import TenantPolicies
