@@ -4,9 +4,9 @@ Each try: the candidates are the pool's replicas that are healthy, whose breaker
 request and that have room (in flight under `max_inflight_per_replica`, the engine's own
 queue under `routing.max_waiting`); the router picks among them, preferring one this
 request has not tried. A refused connection, a timeout before the first byte, and the
-statuses in `retries.on_status` are retried (tenacity: exponential backoff with full
-jitter, an engine's Retry-After honoured up to a cap, never past the request's deadline)
-until `retries.attempts`; everything happens before the first byte reaches the client, so
+statuses in `retries.on_status` are retried (exponential backoff with full jitter, an
+engine's Retry-After honoured up to a cap, never past the request's deadline) until
+`retries.attempts`; everything happens before the first byte reaches the client, so
 a retry can never duplicate output. When every replica is full the request is shed with a
 429 (or waits a bounded time for room, per policy) instead of piling onto a drowning engine.
 
@@ -20,19 +20,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
-
-from tenacity import (
-    AsyncRetrying,
-    AttemptManager,
-    RetryCallState,
-    retry_if_exception_type,
-    stop_after_attempt,
-    stop_before_delay,
-    wait_random_exponential,
-)
 
 from gateway import headers as gateway_headers
 from gateway.errors import (
@@ -204,49 +195,29 @@ class Dispatcher:
         deadline = loop.time() + self._policy.timeouts.total_s
         outbound = _Outbound(pool, model, path, body, headers, route, record)
         tried: set[Replica] = set()
-        # The first try runs outside the retry machinery: nearly every request succeeds on
-        # it, and building tenacity's loop cost ~5% of the gateway's CPU per request
-        # (profiled at c=32, `make bench`).
-        try:
-            dispatch = await self._try(outbound, tried)
-        except _Retryable as failed:
-            first_failure = failed
-        else:
-            dispatch.deadline, dispatch.attempts = deadline, 1
-            return dispatch
         retries = self._policy.resilience.retries
-        attempts = 0
-        retrying = AsyncRetrying(
+        tries = 1
+        while True:
+            try:
+                dispatch = await self._try(outbound, tried)
+            except _Retryable as failed:
+                error, wait = failed.error, _backoff(failed, tries, retries)
+            else:
+                dispatch.deadline, dispatch.attempts = deadline, tries
+                return dispatch
             # No try starts after the request's deadline, however many are left.
-            stop=stop_after_attempt(retries.attempts)
-            | stop_before_delay(max(0.0, deadline - loop.time())),
-            wait=lambda state: _wait_of(state, retries),
-            retry=retry_if_exception_type(_Retryable),
-            reraise=True,
-        )
-        attempt: AttemptManager | None = None
+            if tries >= retries.attempts or loop.time() + wait >= deadline:
+                break
+            del error  # its traceback holds the try's frames, and they the request's body
+            await asyncio.sleep(wait)
+            tries += 1
+            self._metrics.retries.labels(pool.name).inc()
         try:
-            async for attempt in retrying:
-                with attempt:
-                    attempts += 1
-                    if attempts == 1:
-                        raise first_failure  # tenacity's first attempt is the one made above
-                    self._metrics.retries.labels(pool.name).inc()
-                    dispatch = await self._try(outbound, tried)
-                    dispatch.deadline, dispatch.attempts = deadline, attempts
-                    return dispatch
-            raise AssertionError("unreachable: tenacity either returns or raises")
-        except _Retryable as exc:
-            error = exc.error
-        finally:
-            # Nothing in this frame may keep a try's exception once it ends: the
-            # exception's traceback holds this frame, and the cycle would keep the
-            # request's body alive until the collector finds it (an error storm of
-            # 50,000-token prompts against a dead replica grew the process by 700 MB).
-            del first_failure, retrying
-            attempt = None
-        try:
-            raise error  # outside the handler: no `__context__` back to the try's exception
+            # Raised outside the handler: no `__context__` back to the try's exception,
+            # whose traceback would keep the request's body alive until the collector
+            # found the cycle (an error storm of 50,000-token prompts against a dead
+            # replica grew the process by 700 MB).
+            raise error
         finally:
             del error  # the raised error's traceback holds this frame
 
@@ -413,13 +384,13 @@ class Dispatcher:
         )
 
 
-def _wait_of(state: RetryCallState, retries: RetrySpec) -> float:
-    outcome = state.outcome
-    exc = outcome.exception() if outcome is not None and outcome.failed else None
-    if isinstance(exc, _Retryable) and exc.retry_after_s is not None:
-        return min(exc.retry_after_s, retries.retry_after_cap_s)
-    jitter = wait_random_exponential(multiplier=retries.backoff_base_s, max=retries.backoff_max_s)
-    return float(jitter(state))
+def _backoff(failed: _Retryable, tries: int, retries: RetrySpec) -> float:
+    """The wait before the next try: the engine's Retry-After, up to the cap; else
+    exponential backoff with full jitter (uniform up to base x 2^(tries - 1), capped)."""
+    if failed.retry_after_s is not None:
+        return min(failed.retry_after_s, retries.retry_after_cap_s)
+    ceiling = min(retries.backoff_max_s, retries.backoff_base_s * 2.0 ** (tries - 1))
+    return random.uniform(0.0, ceiling)
 
 
 def _seconds(value: str | None) -> float | None:
