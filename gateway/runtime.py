@@ -50,7 +50,8 @@ from gateway.policy import Policy
 from gateway.prompt.prefix_watch import RedisFingerprints
 from gateway.quota.service import Quota, quota_applies
 from gateway.quota.store import RedisQuotaStore
-from gateway.resilience.dispatcher import Breakers, Dispatcher
+from gateway.resilience.breaker import Breakers
+from gateway.resilience.dispatcher import Dispatcher
 from gateway.resilience.response_cache import RedisResponseCache
 from gateway.responses.compaction import Compactions
 from gateway.responses.records import RedisResponseRecords

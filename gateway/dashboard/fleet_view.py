@@ -13,7 +13,7 @@ from prometheus_client.registry import Collector
 
 from gateway.fleet.engine_metrics import EngineStats
 from gateway.fleet.replicas import Fleet
-from gateway.resilience.dispatcher import Breakers
+from gateway.resilience.breaker import Breakers
 
 BREAKER_STATES = {"closed": 0, "half-open": 1, "open": 2}
 

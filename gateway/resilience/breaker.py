@@ -23,12 +23,16 @@ tests drive the open timer without sleeping (docs/development/dependencies.md).
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from collections.abc import Callable
 from typing import Final
 
+from gateway.fleet.replicas import Replica
+from gateway.policy import Policy
 from gateway.policy.resilience import BreakerSpec
+from gateway.telemetry.metrics import GatewayMetrics
 
 CLOSED: Final = "closed"
 OPEN: Final = "open"
@@ -36,6 +40,8 @@ HALF_OPEN: Final = "half-open"
 
 # Called on every state change: (replica id, old state, new state).
 StateChange = Callable[[str, str, str], None]
+
+log = logging.getLogger(__name__)
 
 
 class ReplicaBreaker:
@@ -133,3 +139,23 @@ class ReplicaBreaker:
             return False
         failures = sum(1 for _, ok in self._window if not ok)
         return failures / calls >= self._spec.error_rate
+
+
+class Breakers:
+    """One breaker per replica, made on first use."""
+
+    def __init__(self, policy: Policy, metrics: GatewayMetrics) -> None:
+        self._spec = policy.resilience.breaker
+        self._metrics = metrics
+        self._by_replica: dict[str, ReplicaBreaker] = {}
+
+    def of(self, replica: Replica) -> ReplicaBreaker:
+        breaker = self._by_replica.get(replica.id)
+        if breaker is None:
+            breaker = ReplicaBreaker(replica.id, self._spec, on_change=self._changed)
+            self._by_replica[replica.id] = breaker
+        return breaker
+
+    def _changed(self, replica: str, old: str, new: str) -> None:
+        log.warning("breaker of %s: %s -> %s", replica, old, new)
+        self._metrics.breaker_transitions.labels(replica, new).inc()

@@ -2,13 +2,14 @@
 
 Each try: the candidates are the pool's replicas that are healthy, whose breaker admits a
 request and that have room (in flight under `max_inflight_per_replica`, the engine's own
-queue under `routing.max_waiting`); the router picks among them, preferring one this
-request has not tried. A refused connection, a timeout before the first byte, and the
-statuses in `retries.on_status` are retried (exponential backoff with full jitter, an
-engine's Retry-After honoured up to a cap, never past the request's deadline) until
-`retries.attempts`; everything happens before the first byte reaches the client, so
-a retry can never duplicate output. When every replica is full the request is shed with a
-429 (or waits a bounded time for room, per policy) instead of piling onto a drowning engine.
+queue under `routing.max_waiting`; gateway/resilience/admission.py); the router picks
+among them, preferring one this request has not tried. A refused connection, a timeout
+before the first byte, and the statuses in `retries.on_status` are retried (exponential
+backoff with full jitter, an engine's Retry-After honoured up to a cap, never past the
+request's deadline) until `retries.attempts`; everything happens before the first byte
+reaches the client, so a retry can never duplicate output. When every replica is full the
+request is shed with a 429 (or waits a bounded time for room, per policy) instead of
+piling onto a drowning engine.
 
 The replica's slot and its breaker outcome are given back exactly once, by `Dispatch.
 finish`, when the answer has been read or the stream has ended: a replica that fails
@@ -28,7 +29,6 @@ from typing import Literal
 from gateway import headers as gateway_headers
 from gateway.errors import (
     GatewayError,
-    NoHealthyReplica,
     Overloaded,
     UpstreamError,
     UpstreamTimeout,
@@ -38,8 +38,9 @@ from gateway.fleet.engine_metrics import EngineLoad
 from gateway.fleet.replicas import Pool, Replica
 from gateway.policy import Policy
 from gateway.policy.resilience import RetrySpec
-from gateway.resilience.breaker import ReplicaBreaker
-from gateway.resilience.fair_share import FairQueue, PeerTenants, Ticket, no_peers
+from gateway.resilience.admission import Admission
+from gateway.resilience.breaker import Breakers, ReplicaBreaker
+from gateway.resilience.fair_share import FairQueue, PeerTenants, no_peers
 from gateway.routing.costs import RouteRequest
 from gateway.routing.router import ReplicaChoice, Router, none_elsewhere
 from gateway.telemetry import names
@@ -134,26 +135,6 @@ class _Retryable(Exception):
         self.retry_after_s = retry_after_s
 
 
-class Breakers:
-    """One breaker per replica, made on first use."""
-
-    def __init__(self, policy: Policy, metrics: GatewayMetrics) -> None:
-        self._spec = policy.resilience.breaker
-        self._metrics = metrics
-        self._by_replica: dict[str, ReplicaBreaker] = {}
-
-    def of(self, replica: Replica) -> ReplicaBreaker:
-        breaker = self._by_replica.get(replica.id)
-        if breaker is None:
-            breaker = ReplicaBreaker(replica.id, self._spec, on_change=self._changed)
-            self._by_replica[replica.id] = breaker
-        return breaker
-
-    def _changed(self, replica: str, old: str, new: str) -> None:
-        log.warning("breaker of %s: %s -> %s", replica, old, new)
-        self._metrics.breaker_transitions.labels(replica, new).inc()
-
-
 class Dispatcher:
     def __init__(
         self,
@@ -174,12 +155,15 @@ class Dispatcher:
         self._router = router
         self._upstream = upstream
         self._metrics = metrics
-        self._engine_load = engine_load or (lambda url: None)
         self._breakers = breakers or Breakers(policy, metrics)
-        self._peer_inflight = peer_inflight or none_elsewhere
-        self._peer_tenants = peer_tenants or no_peers
-        self._weights = {name: spec.share for name, spec in policy.tenants.items()}
-        self._lines: dict[str, FairQueue] = {}  # per pool: who waits for a slot
+        self._admission = Admission(
+            policy,
+            metrics,
+            self._breakers,
+            engine_load or (lambda url: None),
+            peer_inflight or none_elsewhere,
+            peer_tenants or no_peers,
+        )
 
     async def send(
         self,
@@ -224,14 +208,14 @@ class Dispatcher:
     async def _try(self, outbound: _Outbound, tried: set[Replica]) -> Dispatch:
         model = outbound.model
         pool, tenant = outbound.pool, outbound.route.tenant
-        line = self._line(pool)
-        candidates = await self._admitted(pool, model, tenant, line)
+        line = self._admission.line(pool)
+        candidates = await self._admission.admitted(pool, model, tenant, line)
         # Another replica when one exists; the same ones again only when none is left.
         exclude = frozenset(tried) if any(r not in tried for r in candidates) else frozenset()
         with outbound.record.stage("choose_replica") as stage:
             decision = self._router.choose(candidates, outbound.route, exclude)
         if decision is None:
-            raise self._none_healthy(model)
+            raise self._admission.none_healthy(model)
         stage.attributes = {names.REPLICA: decision.replica.id, names.ROUTE_REASON: decision.reason}
         replica = decision.replica
         tried.add(replica)
@@ -260,7 +244,7 @@ class Dispatcher:
             slot.give_back("failed")
             attempt.end("failed", "connect_failed")
             replica.mark_down(exc.message)
-            raise _Retryable(self._none_healthy(model)) from exc
+            raise _Retryable(self._admission.none_healthy(model)) from exc
         except TimeoutError as exc:
             slot.give_back("failed")
             attempt.end("failed", "first_byte_timeout")
@@ -308,80 +292,6 @@ class Dispatcher:
         if response.status in self._policy.resilience.retries.on_status:
             return _Retryable(refusal, retry_after)
         return refusal
-
-    def _line(self, pool: Pool) -> FairQueue:
-        line = self._lines.get(pool.name)
-        if line is None:
-            line = self._lines[pool.name] = FairQueue(self._weights, self._peer_tenants)
-        return line
-
-    async def _admitted(
-        self, pool: Pool, model: str, tenant: str, line: FairQueue
-    ) -> list[Replica]:
-        """The replicas a request may go to now. When every one is full: a request its
-        tenant's share entitles to wait waits in line for a slot
-        (gateway/resilience/fair_share.py); any other waits or is shed, per policy."""
-        admission = self._policy.resilience.admission
-        loop = asyncio.get_running_loop()
-        now = loop.time()
-        until, line_until = now + admission.wait_s, now + admission.share_wait_s
-        ticket: Ticket | None = None
-        try:
-            while True:
-                healthy = [r for r in pool.replicas if r.healthy and self._breakers.of(r).admits()]
-                if not healthy:
-                    raise self._none_healthy(model)
-                roomy = [r for r in healthy if not self._full(r)]
-                if roomy and line.may_take(pool.replicas, ticket):
-                    return roomy
-                now = loop.time()
-                if ticket is None:
-                    capacity = len(healthy) * admission.max_inflight_per_replica
-                    # With room, the line is only ahead of this request while its first
-                    # tickets are woken to take the free slots: it waits its turn. Only a
-                    # full pool is shared out (else a tenant's request arriving while its
-                    # own earlier ones were being woken was shed).
-                    if roomy or line.may_wait(pool.replicas, tenant, capacity):
-                        ticket = line.join(tenant)
-                        self._metrics.admission_waits.labels(pool.name, tenant).inc()
-                    elif admission.on_saturated == "reject" or now >= until:
-                        raise self._shed(pool, model, tenant)
-                if ticket is not None:
-                    if now >= line_until:
-                        raise self._shed(pool, model, tenant)
-                    await line.wait(ticket, line_until - now)
-                else:
-                    await asyncio.sleep(0.02)
-        finally:
-            if ticket is not None:
-                line.leave(ticket)
-                line.released(pool.replicas)  # the next in line may take what this left
-
-    def _shed(self, pool: Pool, model: str, tenant: str) -> Overloaded:
-        self._metrics.shed.labels(pool.name).inc()
-        self._metrics.shed_by_tenant.labels(pool.name, tenant).inc()
-        return Overloaded(
-            f"Every replica of model `{model}` is at capacity; retry shortly.",
-            retry_after_s=self._policy.resilience.admission.retry_after_s,
-        )
-
-    def _full(self, replica: Replica) -> bool:
-        """At `max_inflight_per_replica` counting every gateway's requests, or the engine's
-        queue at `routing.max_waiting`. The other gateways' share is eventually consistent:
-        as old as their last flush (`routing.sharing.flush_ms`) plus a Redis round trip, so
-        gateways admitting within that window can together pass the limit by what each
-        admitted in it."""
-        inflight = replica.inflight + self._peer_inflight(replica.id)
-        if inflight >= self._policy.resilience.admission.max_inflight_per_replica:
-            return True
-        engine = self._engine_load(replica.url)
-        return engine is not None and engine.waiting >= self._policy.routing.max_waiting
-
-    def _none_healthy(self, model: str) -> NoHealthyReplica:
-        return NoHealthyReplica(
-            f"No healthy replica is available for model `{model}`; try again shortly.",
-            retry_after_s=self._policy.health.retry_after_s,
-        )
 
 
 def _backoff(failed: _Retryable, tries: int, retries: RetrySpec) -> float:

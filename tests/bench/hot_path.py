@@ -105,7 +105,7 @@ PROBES = (
     Probe("block hashing", "gateway.prompt.blocks", "chain_hashes", ROUTE_REQUEST),
     Probe("choose tier", "gateway.pipeline", "Pipeline._choose_tier", PIPELINE),
     Probe(DISPATCH, "gateway.resilience.dispatcher", "Dispatcher.send", PIPELINE),
-    Probe("admission", "gateway.resilience.dispatcher", "Dispatcher._admitted", DISPATCH),
+    Probe("admission", "gateway.resilience.admission", "Admission.admitted", DISPATCH),
     Probe("replica choice", "gateway.routing.router", "CacheAwareRouter.choose", DISPATCH),
     Probe("placement recorded", "gateway.routing.router", "CacheAwareRouter.dispatched",
           DISPATCH),

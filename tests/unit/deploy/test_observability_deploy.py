@@ -17,7 +17,7 @@ from gateway.dashboard.fleet_view import FleetView
 from gateway.fleet.engine_metrics import EngineStats
 from gateway.fleet.replicas import Fleet
 from gateway.policy import parse_policy
-from gateway.resilience.dispatcher import Breakers
+from gateway.resilience.breaker import Breakers
 from gateway.telemetry.metrics import GatewayMetrics
 
 ROOT = Path(__file__).resolve().parents[3]
