@@ -36,7 +36,10 @@ class Admission:
         """`peer_inflight`: a replica's requests in flight from the other gateway processes,
         as they last published them (gateway/sharing/); `peer_tenants`: the same per
         tenant, for fair admission."""
-        self._policy = policy
+        # The policy's sections admission reads, bound once (a new policy builds a new one).
+        self._spec = policy.resilience.admission
+        self._max_waiting = policy.routing.max_waiting
+        self._none_healthy_retry_after_s = policy.health.retry_after_s
         self._metrics = metrics
         self._breakers = breakers
         self._engine_load = engine_load
@@ -56,7 +59,7 @@ class Admission:
         """The replicas a request may go to now. When every one is full: a request its
         tenant's share entitles to wait waits in line for a slot
         (gateway/resilience/fair_share.py); any other waits or is shed, per policy."""
-        admission = self._policy.resilience.admission
+        admission = self._spec
         loop = asyncio.get_running_loop()
         now = loop.time()
         until, line_until = now + admission.wait_s, now + admission.share_wait_s
@@ -97,7 +100,7 @@ class Admission:
         self._metrics.shed_by_tenant.labels(pool.name, tenant).inc()
         return Overloaded(
             f"Every replica of model `{model}` is at capacity; retry shortly.",
-            retry_after_s=self._policy.resilience.admission.retry_after_s,
+            retry_after_s=self._spec.retry_after_s,
         )
 
     def _full(self, replica: Replica) -> bool:
@@ -107,13 +110,13 @@ class Admission:
         gateways admitting within that window can together pass the limit by what each
         admitted in it."""
         inflight = replica.inflight + self._peer_inflight(replica.id)
-        if inflight >= self._policy.resilience.admission.max_inflight_per_replica:
+        if inflight >= self._spec.max_inflight_per_replica:
             return True
         engine = self._engine_load(replica.url)
-        return engine is not None and engine.waiting >= self._policy.routing.max_waiting
+        return engine is not None and engine.waiting >= self._max_waiting
 
     def none_healthy(self, model: str) -> NoHealthyReplica:
         return NoHealthyReplica(
             f"No healthy replica is available for model `{model}`; try again shortly.",
-            retry_after_s=self._policy.health.retry_after_s,
+            retry_after_s=self._none_healthy_retry_after_s,
         )

@@ -151,7 +151,11 @@ class Dispatcher:
         """`peer_inflight`: a replica's requests in flight from the other gateway processes,
         as they last published them (gateway/sharing/); without it, this gateway's own.
         `peer_tenants`: the same per tenant, for fair admission."""
-        self._policy = policy
+        # The policy's sections a try reads, bound once (a new policy builds a new one).
+        self._timeouts = policy.timeouts
+        self._retries = policy.resilience.retries
+        self._busy_retry_after_s = policy.resilience.admission.retry_after_s
+        self._failures_to_unhealthy = policy.health.failures_to_unhealthy
         self._router = router
         self._upstream = upstream
         self._metrics = metrics
@@ -176,10 +180,10 @@ class Dispatcher:
         record: RequestRecord,
     ) -> Dispatch:
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._policy.timeouts.total_s
+        deadline = loop.time() + self._timeouts.total_s
         outbound = _Outbound(pool, model, path, body, headers, route, record)
         tried: set[Replica] = set()
-        retries = self._policy.resilience.retries
+        retries = self._retries
         tries = 1
         while True:
             try:
@@ -229,7 +233,7 @@ class Dispatcher:
         headers = outbound.headers
         if trace_headers := outbound.record.upstream_headers(attempt):
             headers = {**headers, **trace_headers}
-        timeouts = self._policy.timeouts
+        timeouts = self._timeouts
         try:
             async with asyncio.timeout(timeouts.first_byte_s):
                 response = await self._upstream.post(
@@ -278,18 +282,18 @@ class Dispatcher:
             slot.give_back("failed")
             replica.mark_failed(
                 f"answered HTTP {response.status}",
-                threshold=self._policy.health.failures_to_unhealthy,
+                threshold=self._failures_to_unhealthy,
             )
         else:
             slot.give_back("ok")  # alive: a 4xx (or a 429) is not the engine failing
         retry_after = _seconds(response.retry_after)
         if response.status == 429:  # the engine is busy, not the client wrong
-            wait = retry_after or self._policy.resilience.admission.retry_after_s
+            wait = retry_after or self._busy_retry_after_s
             refusal = Overloaded(
                 f"The engines of model `{model}` are busy ({refusal.message}); retry shortly.",
                 retry_after_s=max(1, math.ceil(wait)),
             )
-        if response.status in self._policy.resilience.retries.on_status:
+        if response.status in self._retries.on_status:
             return _Retryable(refusal, retry_after)
         return refusal
 
