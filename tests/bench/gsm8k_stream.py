@@ -2,7 +2,7 @@
 see it, on a stream of GSM8K prompts.
 
     PYTHONPATH=. .venv/bin/python -m tests.bench.gsm8k_stream [--orders 5] [--out FILE]
-        [--stream gsm8k|mmlu-design] [--learner selected|in-domain]
+        [--stream gsm8k|mmlu-design] [--learner selected|in-domain|averaged]
 
 Written down before it was first run, and not changed after (no GSM8K label informs any
 choice, and none trains anything):
@@ -40,10 +40,12 @@ was not run with it.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import random
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -64,7 +66,7 @@ from gateway.offline.route_train.outcomes import (
     read_log,
     train_from_outcomes,
 )
-from gateway.offline.route_train.train import Design, TrainConfig, fit_head, router_of
+from gateway.offline.route_train.train import Design, fit_head, router_of
 from gateway.telemetry.record import RequestRecord
 from gateway.telemetry.request_log import log_entry
 from gateway.tiering.learned import LearnedRouter
@@ -123,8 +125,7 @@ def one_order(
     prompts: list[LabeledPrompt],
     seed: int,
     work: Path,
-    learner: TrainConfig | None = None,
-    average: bool = False,
+    train: Callable[[list[LabeledPrompt]], LearnedRouter] = train_from_outcomes,
 ) -> OrderRun:
     order = list(prompts)
     random.Random(seed).shuffle(order)
@@ -141,10 +142,7 @@ def one_order(
                 continue
             out.flush()
             outcomes = read_log(log, tier="small")
-            if average:
-                router = averaged(outcomes.prompts)
-            else:
-                router = train_from_outcomes(outcomes.prompts, learner)
+            router = train(outcomes.prompts)
             learners[number] = router.notes.get("learner", "given").split(" (")[0]
             scores = np.array([router.score(p.prompt) for p in later])
             curve[number] = round(small_share_at(scores, small, large), 4)
@@ -177,14 +175,19 @@ def main() -> int:
     else:
         design = split(labels, lambda p: p.group)["design"]
         prompts = [p for p in design if p.source == "mmlu"]
-    learner = IN_DOMAIN if args.learner == "in-domain" else None
+    learners: dict[str, Callable[[list[LabeledPrompt]], LearnedRouter]] = {
+        "selected": train_from_outcomes,
+        "in-domain": functools.partial(train_from_outcomes, config=IN_DOMAIN),
+        "averaged": averaged,
+    }
+    train = learners[args.learner]
     out = args.out or str(ROOT / ".run" / "bench" / f"{args.stream}-stream.json")
     print(f"{args.stream}: {len(prompts)} prompts, learner {args.learner}", flush=True)
     started = time.monotonic()
     runs = []
     with tempfile.TemporaryDirectory(prefix="outcome-stream-") as work:
         for seed in range(args.orders):
-            run = one_order(prompts, seed, Path(work), learner, args.learner == "averaged")
+            run = one_order(prompts, seed, Path(work), train)
             runs.append(run)
             print(f"order {seed}: {run.small_share_at_95_by_outcomes} "
                   f"(random {run.random_small_share_at_95}, "
