@@ -26,7 +26,9 @@ the answer's head) and, streamed, the wait for each next chunk: what the gateway
 for, not what it does. Steps a request did not take (a whole answer has no stream relay)
 are left out of the table.
 
-Prints a table of microseconds per request and writes JSON (.run/bench/hot-path.json).
+Prints a table of microseconds per request and writes JSON (.run/bench/hot-path.json);
+`--plain-only` runs the plain pass alone, for a build whose classes cannot take probes (a
+mypyc-compiled request path: docs/benchmarks/overhead.md).
 A benchmark, not a test. Figures move with the machine (1.5x day to day): compare runs
 made in one sitting.
 """
@@ -41,7 +43,7 @@ import inspect
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -232,7 +234,9 @@ async def one_request(
         raise RuntimeError(f"the gateway answered {status}")
 
 
-async def measure(engine_url: str, sink: str, body: bytes, requests: int) -> dict[str, Any]:
+async def measure(
+    engine_url: str, sink: str, body: bytes, requests: int, *, probes: bool = True
+) -> dict[str, Any]:
     policy = parse_policy(gateway_policy(engine_url, sink, "redis://127.0.0.1:6379/0"))
     app = create_app(policy)
     async with app.router.lifespan_context(app) as state:
@@ -244,17 +248,17 @@ async def measure(engine_url: str, sink: str, body: bytes, requests: int) -> dic
             await one_request(app, body, lifespan_state)
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         timings = Timings()
-        with probed(timings):
+        with probed(timings) if probes else nullcontext():
             for _ in range(WARM_UP):
                 await one_request(app, body, lifespan_state, timings)
             timings.clear()
-            for _ in range(requests):
+            for _ in range(requests if probes else 0):
                 await one_request(app, body, lifespan_state, timings)
     return {
         "wall_us_per_request": round(wall / requests * 1e6, 1),
         "cpu_us_per_request": round(cpu / requests * 1e6, 1),
-        "steps": (rows := steps(timings, requests)),
-        "gateway_own_us": round(gateway_own_us(rows), 1),
+        "steps": (rows := steps(timings, requests)) if probes else [],
+        "gateway_own_us": round(gateway_own_us(rows), 1) if probes else None,
     }
 
 
@@ -312,6 +316,12 @@ def main() -> None:
     parser.add_argument("--body", choices=("tau", "long50k"), default="tau")
     parser.add_argument("--stream", action="store_true", help="ask for the answer streamed")
     parser.add_argument("--out", default=str(ROOT / ".run/bench/hot-path.json"))
+    parser.add_argument(
+        "--plain-only",
+        action="store_true",
+        help="the plain pass alone (no step table): for builds whose classes cannot be "
+        "patched with probes, such as a mypyc-compiled request path",
+    )
     args = parser.parse_args()
     gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])  # as `gateway serve`
     request = tau_body() if args.body == "tau" else long_body()
@@ -326,8 +336,14 @@ def main() -> None:
         sink = stack.enter_context(otlp_sink())
         mock = start_mock(0.0, Path(stack.enter_context(tempfile.TemporaryDirectory())))
         stack.callback(mock.process.stop)
-        result = uvloop.run(measure(mock.url, sink, body, args.requests))
-    print_table(result)
+        result = uvloop.run(
+            measure(mock.url, sink, body, args.requests, probes=not args.plain_only)
+        )
+    if args.plain_only:
+        print(f"plain pass: {result['wall_us_per_request']:.1f} us wall and "
+              f"{result['cpu_us_per_request']:.1f} us CPU per request")  # fmt: skip
+    else:
+        print_table(result)
     write_report(
         {
             "benchmark": "hot_path",
