@@ -92,8 +92,9 @@ class Pipeline:
             cached_share=router.cached_share,
             load_scorer=load_learned_router,
         )
-        self._sessions = SessionSteps(policy, sessions, metrics, fleet)
-        self._policy = policy
+        self._sessions = SessionSteps(policy.sessions, sessions, metrics, fleet)
+        # A stream's longest silence, read as it is relayed (and a whole answer's).
+        self._idle_s = policy.timeouts.idle_s
         # Tool calls held for a person's approval; None (no cost) when the policy names none.
         self._approvals = approvals
         # Rate limits and budgets; a caller nothing limits costs a dict lookup.
@@ -104,7 +105,9 @@ class Pipeline:
         # Fields each alias's requests get when they lack them (`models.<alias>.defaults`).
         self._defaults = {alias: m.defaults for alias, m in policy.models.items() if m.defaults}
         self._dispatcher = dispatcher or Dispatcher(policy, router, upstream, metrics)
-        self._prefixes = PrefixSteps(policy, fingerprints, metrics)
+        self._prefixes = PrefixSteps(
+            policy.routing, policy.canonicalize, policy.models, fingerprints, metrics
+        )
         self._metrics = metrics
         # Every tool call checked against the declared tools (gateway/toolcalls/), and an
         # invalid one asked again, escalated or refused (gateway/tool_call_steps.py).
@@ -508,7 +511,7 @@ class Pipeline:
             hide_usage=call.hide_usage,
             # Only logprobs chunks need fixing; every other answer passes byte for byte.
             conform=bool(request.body.get("logprobs")),
-            idle_s=self._policy.timeouts.idle_s,
+            idle_s=self._idle_s,
         )
 
     def _relay(
@@ -540,7 +543,7 @@ class Pipeline:
             dispatch.response,
             steps,
             deadline=dispatch.deadline,
-            idle_s=self._policy.timeouts.idle_s,
+            idle_s=self._idle_s,
             on_end=dispatch.finish,
             hold=hold,
         )

@@ -15,7 +15,8 @@ from gateway.chat.inbound import InboundRequest
 from gateway.chat.messages import Message
 from gateway.errors import InvalidRequest, StateUnavailable
 from gateway.fleet.replicas import Fleet
-from gateway.policy import Endpoint, Policy
+from gateway.policy import Endpoint
+from gateway.policy.sessions import SessionsSpec
 from gateway.request_context import RequestContext
 from gateway.resilience.dispatcher import Dispatch
 from gateway.sessions.ids import SessionRef, session_for
@@ -34,17 +35,17 @@ log = logging.getLogger(__name__)
 class SessionSteps:
     def __init__(
         self,
-        policy: Policy,
+        spec: SessionsSpec,
         sessions: SessionTurns | None,
         metrics: GatewayMetrics,
         fleet: Fleet | None = None,
     ) -> None:
-        self._spec = policy.sessions
-        self._sessions = sessions if policy.sessions.enabled else None
+        self._spec = spec
+        self._sessions = sessions if spec.enabled else None
         self._metrics = metrics
         # For trimming budgets that follow the engines' context window (fleet/health.py).
         self._fleet = fleet
-        self._fail_closed = policy.sessions.on_store_outage == "fail_closed"
+        self._fail_closed = spec.on_store_outage == "fail_closed"
 
     def session_of(self, request: InboundRequest, context: RequestContext) -> SessionRef | None:
         if context.session is not None:

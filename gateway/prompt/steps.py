@@ -6,8 +6,12 @@ what each replica holds.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from gateway.chat.inbound import InboundRequest
-from gateway.policy import Endpoint, Policy
+from gateway.policy import Endpoint
+from gateway.policy.canonicalize import CanonicalizeSpec
+from gateway.policy.schema import ModelSpec, RoutingSpec
 from gateway.prompt.blocks import client_conversation, conversation_key, request_blocks
 from gateway.prompt.canonical import Canonicalizer, Fingerprint, fingerprint
 from gateway.prompt.prefix_watch import FingerprintStore
@@ -19,17 +23,24 @@ from gateway.tenants.cache_scope import CacheScope, client_salt
 
 class PrefixSteps:
     def __init__(
-        self, policy: Policy, fingerprints: FingerprintStore, metrics: GatewayMetrics
+        self,
+        routing: RoutingSpec,
+        canonicalize: CanonicalizeSpec,
+        models: Mapping[str, ModelSpec],
+        fingerprints: FingerprintStore,
+        metrics: GatewayMetrics,
     ) -> None:
-        self._routing = policy.routing
-        self._prefix_routing = policy.routing.strategy == "cache_aware"
+        """`canonicalize`: the policy's setting; a model's own (`models.<alias>.canonicalize`)
+        replaces it for that alias."""
+        self._routing = routing
+        self._prefix_routing = routing.strategy == "cache_aware"
         self._fingerprints = fingerprints
         self._metrics = metrics
         # One canonicalizer (and tool cache) per distinct setting, not per model alias.
-        shared = Canonicalizer(policy.canonicalize)
+        shared = Canonicalizer(canonicalize)
         self._canonical = {
             alias: Canonicalizer(model.canonicalize) if model.canonicalize else shared
-            for alias, model in policy.models.items()
+            for alias, model in models.items()
         }
 
     def canonicalize(self, request: InboundRequest) -> tuple[InboundRequest, bytes | None]:
