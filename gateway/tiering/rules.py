@@ -107,25 +107,49 @@ def _is_enum(schema: dict[str, Any]) -> bool:
 Matcher = Callable[[RequestFacts], bool]
 
 
+def _task(tasks: tuple[str, ...]) -> Matcher:
+    wanted = frozenset(t.lower() for t in tasks)
+    return lambda f: f.task in wanted
+
+
+def _tools(presence: str) -> Matcher:
+    wanted = presence == "present"
+    return lambda f: f.has_tools == wanted
+
+
+def _response_format(kinds: tuple[str, ...]) -> Matcher:
+    wanted = frozenset(kinds)
+    return lambda f: bool(f.formats & wanted)
+
+
+def _max_tokens_at_most(limit: int) -> Matcher:
+    return lambda f: f.max_tokens is not None and f.max_tokens <= limit
+
+
+def _prompt_tokens_at_most(size: int) -> Matcher:
+    return lambda f: f.prompt_tokens <= size
+
+
+def _last_user_matches(regex: str) -> Matcher:
+    pattern = LinearRegex(regex)  # RE2: linear in the client's text
+    return lambda f: pattern.search(f.last_user)
+
+
+# One matcher per field of a rule's `when` (gateway/policy/tiering.py), by the field's
+# name: a new matcher is a field there and a line here (a test holds the two together).
+MATCHERS: dict[str, Callable[[Any], Matcher]] = {
+    "task": _task,
+    "tools": _tools,
+    "response_format": _response_format,
+    "max_tokens_at_most": _max_tokens_at_most,
+    "prompt_tokens_at_most": _prompt_tokens_at_most,
+    "last_user_matches": _last_user_matches,
+}
+
+
 def _matchers(when: RuleWhen) -> list[Matcher]:
-    out: list[Matcher] = []
-    if when.task is not None:
-        tasks = frozenset(t.lower() for t in when.task)
-        out.append(lambda f: f.task in tasks)
-    if when.tools is not None:
-        wanted = when.tools == "present"
-        out.append(lambda f: f.has_tools == wanted)
-    if when.response_format is not None:
-        kinds = frozenset(when.response_format)
-        out.append(lambda f: bool(f.formats & kinds))
-    if (limit := when.max_tokens_at_most) is not None:
-        out.append(lambda f: f.max_tokens is not None and f.max_tokens <= limit)
-    if (size := when.prompt_tokens_at_most) is not None:
-        out.append(lambda f: f.prompt_tokens <= size)
-    if when.last_user_matches is not None:
-        pattern = LinearRegex(when.last_user_matches)  # RE2: linear in the client's text
-        out.append(lambda f: pattern.search(f.last_user))
-    return out
+    """The given fields' matchers, in the fields' order."""
+    return [MATCHERS[name](value) for name, value in when.__dict__.items() if value is not None]
 
 
 @dataclass(frozen=True)

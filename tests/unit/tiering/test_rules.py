@@ -8,7 +8,13 @@ import pytest
 
 from gateway.policy import parse_policy
 from gateway.policy.tiering import RuleWhen, TierRule
-from gateway.tiering.rules import Rules, facts_of, policy_fixed_tier, response_format_kinds
+from gateway.tiering.rules import (
+    MATCHERS,
+    Rules,
+    facts_of,
+    policy_fixed_tier,
+    response_format_kinds,
+)
 
 
 def body(**extra: Any) -> dict[str, Any]:
@@ -133,6 +139,10 @@ def test_the_first_matching_rule_decides() -> None:
 def test_content_parts_are_read_as_text() -> None:
     request = {"messages": [{"role": "user", "content": [{"type": "text", "text": "a spam"}]}]}
     assert facts_of(request).last_user == "a spam"
+
+
+def test_every_field_of_when_has_a_matcher_and_every_matcher_a_field() -> None:
+    assert MATCHERS.keys() == RuleWhen.model_fields.keys()
 
 
 def test_a_rule_without_matchers_is_rejected() -> None:
