@@ -52,7 +52,7 @@ import orjson
 import uvloop
 
 from gateway.app import create_app
-from gateway.cli import GC_YOUNG_THRESHOLD
+from gateway.cli.serve import GC_YOUNG_THRESHOLD
 from gateway.policy.loader import parse_policy
 from tests.bench.overhead.bodies import long_body, tau_body
 from tests.bench.overhead.targets import ALIAS, gateway_policy, start_mock

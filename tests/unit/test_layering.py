@@ -5,7 +5,7 @@ import inside a function fails here too.
 - No cycles between packages: each folder can be read (and changed) knowing only the folders
   it imports.
 - `gateway/offline/` (training, evaluation, replay) is never imported by serving code: only
-  by `gateway/cli.py`, which starts those tools.
+  by `gateway/cli/`, which starts those tools.
 - The request path's pure parts do no I/O: `prompt/` and `routing/` import no HTTP client,
   no Redis, nothing that serves (but for the prefix watch, whose fingerprints every
   gateway shares through Redis).
@@ -137,7 +137,7 @@ def test_serving_never_imports_the_offline_tools() -> None:
     offenders = sorted(
         f"{module} -> {name}"
         for module in _imports()
-        if _package_of(module) != "offline" and module != "gateway.cli"
+        if _package_of(module) not in {"offline", "cli"}
         for name in _gateway_imports(module)
         if _package_of(name) == "offline"
     )
@@ -170,7 +170,7 @@ def test_upstream_imports_nothing_above_it() -> None:
 def test_the_root_holds_only_the_spine() -> None:
     """Everything but the request path's spine lives in a folder named for what it owns."""
     spine = {
-        "__init__", "__main__", "app", "cli", "errors", "headers", "periodic", "pipeline",
+        "__init__", "__main__", "app", "errors", "headers", "periodic", "pipeline",
         "reload", "request_context", "runtime",
         "session_steps",  # the pipeline's checkpoint step: it knows dispatches and tiers
         "tool_call_steps",  # the pipeline's re-asks and escalations: they dispatch again

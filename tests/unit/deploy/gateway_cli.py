@@ -7,6 +7,7 @@ import argparse
 from unittest import mock
 
 import gateway.cli
+import gateway.cli.serve
 
 
 def parse_serve_args(argv: list[str]) -> argparse.Namespace:
@@ -17,7 +18,7 @@ def parse_serve_args(argv: list[str]) -> argparse.Namespace:
         seen.append(args)
         return 0
 
-    with mock.patch.object(gateway.cli, "_serve", capture):
+    with mock.patch.object(gateway.cli.serve, "_serve", capture):
         try:
             gateway.cli.main(argv)
         except SystemExit as exc:
