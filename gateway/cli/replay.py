@@ -10,7 +10,7 @@ from typing import Any
 
 from gateway.cli.common import Subcommands, print_report
 from gateway.policy import PolicyError, load_policy
-from gateway.policy.schema import RoutingSpec
+from gateway.policy.routing import RoutingSpec
 
 
 def register(sub: Subcommands) -> None:

@@ -44,7 +44,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from gateway.fleet.replicas import Fleet, Pool
 from gateway.periodic import Periodic
-from gateway.policy.schema import DnsDiscoverySpec
+from gateway.policy.pools import DnsDiscoverySpec
 
 log = logging.getLogger(__name__)
 

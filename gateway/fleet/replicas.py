@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 
 from gateway.errors import ModelNotFound
 from gateway.policy import Endpoint, Policy
-from gateway.policy.schema import PoolSpec
+from gateway.policy.pools import PoolSpec
 
 log = logging.getLogger(__name__)
 

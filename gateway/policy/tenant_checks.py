@@ -8,7 +8,8 @@ key path inside the policy and what is wrong there.
 
 from __future__ import annotations
 
-from gateway.policy.schema import Policy, TenantSpec
+from gateway.policy.auth import TenantSpec
+from gateway.policy.schema import Policy
 from gateway.policy.tenant_overrides import merged
 
 Location = tuple[str | int, ...]

@@ -11,7 +11,8 @@ from collections.abc import Mapping
 from gateway.chat.inbound import InboundRequest
 from gateway.policy import Endpoint
 from gateway.policy.canonicalize import CanonicalizeSpec
-from gateway.policy.schema import ModelSpec, RoutingSpec
+from gateway.policy.routing import RoutingSpec
+from gateway.policy.schema import ModelSpec
 from gateway.prompt.blocks import client_conversation, conversation_key, request_blocks
 from gateway.prompt.canonical import Canonicalizer, Fingerprint, fingerprint
 from gateway.prompt.prefix_watch import FingerprintStore

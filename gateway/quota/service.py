@@ -44,8 +44,8 @@ from gateway import headers as gateway_headers
 from gateway.chat.inbound import InboundRequest
 from gateway.errors import BudgetExceeded, RateLimited, StateUnavailable
 from gateway.policy import Endpoint, Policy
+from gateway.policy.auth import TenantSpec
 from gateway.policy.quota import BudgetSpec, RateLimitSpec
-from gateway.policy.schema import TenantSpec
 from gateway.policy.telemetry import PriceSpec
 from gateway.quota.estimate import estimate_nusd, estimate_tokens
 from gateway.quota.headers import go_duration, rate_headers, retry_after

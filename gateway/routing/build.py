@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from gateway.fleet.engine_metrics import EngineLoads
-from gateway.policy.schema import RoutingSpec
+from gateway.policy.routing import RoutingSpec
 from gateway.routing.index import PrefixIndex
 from gateway.routing.load import LoadTracker
 from gateway.routing.router import CacheAwareRouter, CacheAwareSettings, RoundRobinRouter, Router

@@ -42,7 +42,7 @@ from redis.exceptions import RedisError
 
 from gateway.fleet.replicas import Fleet
 from gateway.periodic import Periodic
-from gateway.policy.schema import SharingSpec
+from gateway.policy.routing import SharingSpec
 from gateway.sharing.inflight import PeerInflight, encode_counts
 from gateway.sharing.placements import MalformedBatch, Placement, decode_batch, encode_batch
 from gateway.state.keys import routing_key

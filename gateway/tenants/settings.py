@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.policy import Policy
-from gateway.policy.schema import LimitsSpec, TenantSpec
+from gateway.policy.auth import TenantSpec
+from gateway.policy.schema import LimitsSpec
 from gateway.policy.sessions import TrimmingSpec
 from gateway.policy.tenant_checks import may_use, tiers_of
 from gateway.policy.tenant_overrides import TierClamps, merged, tier_clamps

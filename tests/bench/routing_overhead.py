@@ -24,7 +24,7 @@ from engine.supervisor import ROOT
 from gateway.fleet.replicas import Replica
 from gateway.offline.replay.sim import percentile
 from gateway.policy.canonicalize import CanonicalizeSpec
-from gateway.policy.schema import RoutingSpec
+from gateway.policy.routing import RoutingSpec
 from gateway.prompt.blocks import conversation_key, request_blocks
 from gateway.prompt.canonical import Canonicalizer
 from gateway.routing.build import build_router

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from gateway.policy.schema import RoutingSpec
+from gateway.policy.routing import RoutingSpec
 from gateway.prompt.blocks import prompt_bytes, request_blocks
 
 TAU_BENCH = Path("../shared/data/agent-trajectories/tau_bench_airline_dev.jsonl")

@@ -20,7 +20,7 @@ from gateway.offline.replay.fleet import (
 )
 from gateway.offline.replay.sim import LRUCache, SimReplica, Tally
 from gateway.offline.replay.traces import TraceRequest
-from gateway.policy.schema import RoutingSpec
+from gateway.policy.routing import RoutingSpec
 from gateway.routing.build import build_router
 from gateway.routing.costs import RouteRequest
 from gateway.routing.router import CacheAwareRouter, RoundRobinRouter, Router

@@ -26,7 +26,7 @@ from gateway.offline.replay.fleet import (
 )
 from gateway.offline.replay.run import ReplayConfig, TraceClock, replay, replay_fleet
 from gateway.offline.replay.traces import TraceRequest
-from gateway.policy.schema import RoutingSpec
+from gateway.policy.routing import RoutingSpec
 from gateway.routing.build import build_router
 from gateway.routing.costs import RouteRequest
 from gateway.routing.router import ReplicaChoice, Router

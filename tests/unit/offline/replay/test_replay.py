@@ -11,7 +11,7 @@ from gateway.cli import main as gateway_main
 from gateway.offline.replay.run import ReplayConfig, oracle_hit_rate, replay
 from gateway.offline.replay.sim import Tally, percentile
 from gateway.offline.replay.traces import TraceError, read_trace
-from gateway.policy.schema import RoutingSpec
+from gateway.policy.routing import RoutingSpec
 from gateway.routing.build import build_router
 from gateway.routing.router import RoundRobinRouter
 
