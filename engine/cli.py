@@ -117,7 +117,9 @@ def _stack(args: argparse.Namespace) -> int:
     return run_stack()
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """Every subcommand and its options (docs/reference/cli.md lists them; a test keeps
+    the two together)."""
     parser = argparse.ArgumentParser(prog="engine", description="Run and watch local vLLM engines")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -159,8 +161,11 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser("stack", help="state store + engines + gateway until Ctrl-C (make run)")
     p.set_defaults(run=_stack)
+    return parser
 
-    args = parser.parse_args(argv)
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         result: int = args.run(args)
     except (EngineError, ProfileError) as exc:

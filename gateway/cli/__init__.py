@@ -28,11 +28,17 @@ import argparse
 from gateway.cli import evals, keys, policy_files, replay, serve, training
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """Every subcommand and its options (docs/reference/cli.md lists them; a test keeps
+    the two together)."""
     parser = argparse.ArgumentParser(prog="gateway", description="OpenAI-compatible agent gateway")
     sub = parser.add_subparsers(dest="command", required=True)
     for command in (serve, policy_files, replay, evals, training, keys):
         command.register(sub)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     result: int = args.run(args)
     return result
