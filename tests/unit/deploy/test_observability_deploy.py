@@ -13,12 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gateway.dashboard.fleet_view import FleetView
-from gateway.fleet.engine_metrics import EngineStats
-from gateway.fleet.replicas import Fleet
-from gateway.policy import parse_policy
-from gateway.resilience.breaker import Breakers
-from gateway.telemetry.metrics import GatewayMetrics
+from tests.unit.telemetry.exported import exported_families
 
 ROOT = Path(__file__).resolve().parents[3]
 OBSERVABILITY = ROOT / "deploy" / "observability"
@@ -60,23 +55,10 @@ METRIC = re.compile(r"(?<![A-Za-z0-9_:])((?:gateway_|vllm:)[a-z0-9_:]+)")
 SUFFIX = re.compile(r"(_total|_bucket|_sum|_count|_created)$")
 
 
-_ONE_REPLICA = """\
-version: 1
-pools: {p: {served_model: s, replicas: [{url: "http://a.test:1"}]}}
-models: {m: {pool: p}}
-"""
-
-
 def known_metric_names() -> set[str]:
-    """Metric families the gateway exports (read from its registry and its per-replica
-    collector, so a renamed metric breaks this test), without `_total`/histogram suffixes."""
-    metrics = GatewayMetrics()
-    policy = parse_policy(_ONE_REPLICA)
-    # Every engine figure defined, so every gauge family has a sample.
-    stats = EngineStats(prefix_queries=1, spec_drafts=1, spec_draft_tokens=1)
-    view = FleetView(Fleet(policy), Breakers(policy, metrics), lambda url: stats, lambda r: 0)
-    metrics.registry.register(view)
-    return {family.name for family in metrics.registry.collect()}
+    """Metric families the gateway exports (so a renamed metric breaks this test), without
+    `_total`/histogram suffixes."""
+    return set(exported_families())
 
 
 def family(name: str) -> str:
