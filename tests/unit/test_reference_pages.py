@@ -1,7 +1,7 @@
 """The reference pages list what the code defines, read from the code itself: every
-`gateway` and `engine` subcommand and option (docs/reference/cli.md), every error `code`
-the gateway writes (errors.md), every `X-Gateway-*` header (headers.md) and every metric
-family (metrics.md). A new one without its line in the reference fails here. (The policy
+operation of the gateway's OpenAPI document (docs/reference/api.md), every `gateway` and
+`engine` subcommand and option (cli.md), every error `code` the gateway writes
+(errors.md), every `X-Gateway-*` header (headers.md) and every metric family (metrics.md). A new one without its line in the reference fails here. (The policy
 reference is generated whole: tests/unit/policy/test_reference.py.)"""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import pytest
 
 from engine.cli import build_parser as engine_parser
 from gateway import headers
+from gateway.api.openapi import openapi_document
 from gateway.cli import build_parser as gateway_parser
 from tests.unit.telemetry.exported import exported_families
 
@@ -25,6 +26,22 @@ REFERENCE = ROOT / "docs/reference"
 
 def page(name: str) -> str:
     return (REFERENCE / name).read_text(encoding="utf-8")
+
+
+# -- the HTTP API -------------------------------------------------------------------------
+
+
+def test_the_api_reference_lists_every_operation_of_the_openapi_document() -> None:
+    text = page("api.md")
+    operations = [
+        f"{method.upper()} {path}"
+        for path, item in openapi_document()["paths"].items()
+        for method in item
+        if method in ("get", "post", "put", "patch", "delete")
+    ]
+    assert len(operations) > 20
+    missing = [operation for operation in operations if operation not in text]
+    assert not missing, f"operations missing from docs/reference/api.md: {missing}"
 
 
 # -- the command line ---------------------------------------------------------------------
