@@ -4,7 +4,7 @@ makes is held to before the agent sees it.
 A call is valid when it names a declared tool, its arguments parse as one JSON object,
 and that object satisfies the tool's own `parameters` schema. One that is not is repaired
 when exactly one repair makes it valid (gateway/toolcalls/repair.py); otherwise its
-problem is reported, and the policy decides what happens next (gateway/toolcalls/outcomes.py).
+problem is reported, and the policy decides what happens next (gateway/tool_call_steps.py).
 
 Contracts are built once per distinct tool list (agents send the same tools every turn)
 and kept in a small cache keyed by the tools' canonical bytes.

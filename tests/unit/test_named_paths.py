@@ -1,0 +1,35 @@
+"""Every file of the repository that the docs, the README, the Makefile or a docstring or
+comment names (`gateway/routing/router.py`, a test file, a manifest) exists:
+a file moved or a test promised and never written fails here, not in a reader's hands."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# A repository path with a file extension, not inside a longer path or URL.
+NAMED = re.compile(
+    r"(?<![A-Za-z0-9_./-])((?:gateway|engine|tests|deploy|policies|docs)/[A-Za-z0-9_./-]+"
+    r"\.(?:py|yaml|yml|md|json|sh|jinja|txt|toml))"
+)
+
+
+def sources() -> list[Path]:
+    found = [ROOT / "README.md", ROOT / "Makefile"]
+    found += sorted((ROOT / "docs").rglob("*.md"))
+    for folder in ("gateway", "engine", "tests"):
+        found += sorted((ROOT / folder).rglob("*.py"))
+    for folder in ("deploy", "policies"):
+        found += sorted((ROOT / folder).rglob("*.yaml"))
+    return found
+
+
+def test_every_file_named_in_the_docs_and_the_code_exists() -> None:
+    missing: dict[str, list[str]] = {}
+    for source in sources():
+        for path in NAMED.findall(source.read_text(encoding="utf-8", errors="replace")):
+            if not (ROOT / path).exists():
+                missing.setdefault(path, []).append(str(source.relative_to(ROOT)))
+    assert not missing, missing
