@@ -1,6 +1,7 @@
 """Every file of the repository that the docs, the README, the Makefile or a docstring or
 comment names (`gateway/routing/router.py`, a test file, a manifest) exists:
-a file moved or a test promised and never written fails here, not in a reader's hands."""
+a file moved or a test promised and never written fails here, not in a reader's hands.
+The same for every `make` target they name."""
 
 from __future__ import annotations
 
@@ -32,4 +33,16 @@ def test_every_file_named_in_the_docs_and_the_code_exists() -> None:
         for path in NAMED.findall(source.read_text(encoding="utf-8", errors="replace")):
             if not (ROOT / path).exists():
                 missing.setdefault(path, []).append(str(source.relative_to(ROOT)))
+    assert not missing, missing
+
+
+def test_every_make_target_named_in_the_docs_and_the_code_exists() -> None:
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    targets = set(re.findall(r"^([A-Za-z0-9_.-]+):", makefile, re.MULTILINE))
+    named = re.compile(r"[`(]make ([a-z][a-z0-9-]*)(?![a-z0-9*-])")
+    missing: dict[str, list[str]] = {}
+    for source in sources():
+        for target in named.findall(source.read_text(encoding="utf-8", errors="replace")):
+            if target not in targets:
+                missing.setdefault(target, []).append(str(source.relative_to(ROOT)))
     assert not missing, missing
