@@ -47,7 +47,7 @@ from gateway.fleet.discovery import DiscoveryMetrics, Resolver, SystemResolver
 from gateway.policy import Policy
 from gateway.policy.reloadable import PolicyFile
 from gateway.reload import PolicyReloader, ReloadMetrics
-from gateway.runtime import CurrentEngineLoads, Runtime, Services, build_runtime
+from gateway.runtime import CurrentEngineLoads, Services, build_runtime, current
 from gateway.state.store import StateStore
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.service import Telemetry
@@ -141,13 +141,13 @@ def create_app(
             for key_check in (keys, admin):
                 if key_check is not None:
                     await key_check.stop()
-            current: Runtime = app.state.runtime
-            await current.stop()
+            runtime = current(app.state)
+            await runtime.stop()
             await client.close()
             if probes is not None:
                 await probes.close()
             await telemetry.close()  # before the store closes: the last usage is written
-            current.deactivate(services)
+            runtime.deactivate(services)
             await state.close()
 
     app = _GatewayApp(

@@ -42,7 +42,7 @@ from gateway.policy.reloadable import (
     read_policy_bytes,
     sha256_of,
 )
-from gateway.runtime import Runtime, Services, build_runtime
+from gateway.runtime import Runtime, Services, build_runtime, current
 
 log = logging.getLogger(__name__)
 
@@ -228,8 +228,7 @@ class PolicyReloader:
         return outcome
 
     def _running(self) -> Runtime:
-        runtime: Runtime = self._state.runtime
-        return runtime
+        return current(self._state)
 
     def _watch_if_enabled(self) -> None:
         idle = self._watcher is None or self._watcher.done()

@@ -9,10 +9,11 @@ discovery, the pipeline and the Responses service. At start-up that is done once
 policy reload (gateway/reload.py) builds a second runtime beside the running one, starts
 its background tasks, `activate`s it and then stops the old one's.
 
-`activate` swaps the references the request path reads (`app.state.pipeline`, ...) in one
-synchronous step, so no request sees half of each policy: a request that starts after it
-uses only new objects, and a request already running keeps the objects it started with
-(its replica slot and breaker outcome go back to the objects it took them from).
+`activate` swaps the one reference the request path reads (`app.state.runtime`, read
+through `current`) in one synchronous step, so no request sees half of each policy: a
+request that starts after it uses only new objects, and a request already running keeps
+the objects it started with (its replica slot and breaker outcome go back to the objects
+it took them from).
 
 What a new runtime takes over from the one it replaces, so that a reload does not make
 the gateway forget what it learned about the engines:
@@ -119,6 +120,7 @@ class Runtime:
     responses: ResponsesService
     messages: MessagesService  # the Anthropic Messages API (gateway/anthropic/)
     approvals: Approvals  # the approvals API's (gateway/approvals/)
+    tenants: TenantPolicies  # each tenant's settings, merged once (the admin API reads them)
     # Follows the engines' KV-cache events: routing forgets a cache its engine lost.
     kv_events: KvEventSubscriber | None = None
     # Placements and in-flight counts shared with the other gateways (gateway/sharing/);
@@ -161,13 +163,6 @@ class Runtime:
                     services.engine_chains.forget(replica.id)
         registry.register(self.fleet_view)
         state.runtime = self
-        state.fleet = self.fleet
-        state.fleet_view = self.fleet_view
-        state.checkpoints = self.checkpoints
-        state.pipeline = self.pipeline
-        state.responses = self.responses
-        state.messages = self.messages
-        state.approvals = self.approvals
 
     def deactivate(self, services: Services) -> None:
         """At shutdown, after the last request."""
@@ -184,6 +179,13 @@ class Runtime:
             await self.scraper.stop()
         if self.sharing is not None:
             await self.sharing.stop()
+
+
+def current(state: State) -> Runtime:
+    """The runtime new requests use: the app's `state` (`request.app.state`) holds the one
+    `activate` made current. Read it once per request, and keep what it gave."""
+    runtime: Runtime = state.runtime
+    return runtime
 
 
 def build_runtime(policy: Policy, services: Services, previous: Runtime | None = None) -> Runtime:
@@ -284,6 +286,7 @@ def build_runtime(policy: Policy, services: Services, previous: Runtime | None =
         ),
         messages=MessagesService(pipeline, tenants=tenants),
         approvals=approvals,
+        tenants=tenants,
         kv_events=KvEventSubscriber(fleet.all_replicas, router.forget, metrics, chains),
         sharing=sharing,
     )

@@ -26,10 +26,9 @@ from gateway.chat.inbound import json_object
 from gateway.errors import InvalidRequest, NotFound
 from gateway.policy.quota import RateLimitSpec
 from gateway.reload import PolicyReloader
+from gateway.runtime import current
 from gateway.sessions.ids import SessionRef, check_session_id
-from gateway.sessions.store import CheckpointStore
 from gateway.tenants.directory import Tenants
-from gateway.tenants.settings import TenantPolicies
 from gateway.tenants.stored_keys import ROLES, RedisKeys
 from gateway.untrusted.client_text import check_label
 
@@ -124,8 +123,7 @@ def build_admin_router(tenants: Tenants) -> APIRouter:
         session = SessionRef(
             known_tenant(tenant, "tenant"), check_session_id(session_id, param="session_id")
         )
-        store: CheckpointStore = request.app.state.checkpoints
-        checkpoints = await store.load(session)
+        checkpoints = await current(request.app.state).checkpoints.load(session)
         if not checkpoints:
             raise NotFound(
                 f"No session `{session.id}` of tenant `{session.tenant}`.",
@@ -138,7 +136,7 @@ def build_admin_router(tenants: Tenants) -> APIRouter:
     @router.get("/admin/tenants")
     async def list_tenants(request: Request) -> Response:
         # The running policy's (a reload rebuilds them): defaults and overrides merged.
-        settings: TenantPolicies = request.app.state.pipeline.tenants
+        settings = current(request.app.state).tenants
         return _json({"object": "list", "data": [s.public() for s in settings.listed()]})
 
     return router

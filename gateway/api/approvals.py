@@ -22,6 +22,7 @@ from starlette.responses import Response
 
 from gateway.approvals.decisions import Approvals
 from gateway.errors import InvalidRequest
+from gateway.runtime import current
 from gateway.telemetry.service import Telemetry
 from gateway.tenants.identity import access_of, identity_of
 from gateway.untrusted.client_text import ascii_number
@@ -47,8 +48,7 @@ def build_approvals_router(telemetry: Telemetry) -> APIRouter:
     router = APIRouter()
 
     def approvals_of(request: Request) -> Approvals:
-        found: Approvals = request.app.state.approvals
-        return found
+        return current(request.app.state).approvals
 
     def tenant_of(request: Request) -> str:
         return access_of(request.scope["state"]).name

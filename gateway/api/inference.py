@@ -23,7 +23,6 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gateway.anthropic.service import MessagesService
 from gateway.chat.inbound import json_object
 from gateway.chat.legacy_functions import (
     function_call_events,
@@ -36,7 +35,7 @@ from gateway.errors import GatewayError, MethodNotAllowed, error_response, forge
 from gateway.pipeline import Pipeline
 from gateway.policy import Endpoint
 from gateway.request_context import RequestContext
-from gateway.responses.service import ResponsesService
+from gateway.runtime import Runtime, current
 from gateway.telemetry.record import RequestRecord
 from gateway.tenants.identity import access_of, identity_of
 
@@ -76,9 +75,9 @@ class ApiCalls:
             request = Request(scope, receive)
             access = access_of(state)  # the caller's tenant (gateway/edge/auth.py)
             body = await read_body(request, access.max_body_bytes or self._limit)
-            app_state = scope["app"].state
+            runtime = current(scope["app"].state)  # the policy this request is served under
             if path in (_RESPONSES, _INPUT_TOKENS, _COMPACT):
-                responses: ResponsesService = app_state.responses
+                responses = runtime.responses
                 call = {
                     _RESPONSES: responses.create,
                     _INPUT_TOKENS: responses.input_tokens,
@@ -96,7 +95,7 @@ class ApiCalls:
                     access=access,
                     identity=identity_of(state),
                 )
-                served = await _call(app_state, endpoint, str(path), body, context, headers)
+                served = await _call(runtime, endpoint, str(path), body, context, headers)
             response = render(served)
         except GatewayError as exc:
             record.error_type = exc.code or exc.error_type
@@ -111,7 +110,7 @@ class ApiCalls:
 
 
 async def _call(
-    app_state: Any,
+    runtime: Runtime,
     endpoint: Endpoint | None,
     path: str,
     body: bytes,
@@ -119,12 +118,12 @@ async def _call(
     headers: Headers,
 ) -> Served:
     if endpoint is None:  # the Anthropic Messages API (gateway/anthropic/)
-        messages: MessagesService = app_state.messages
+        messages = runtime.messages
         claude_session = headers.get("x-claude-code-session-id")  # read for these calls only
         if path == _COUNT_TOKENS:
             return await messages.count_tokens(body, context, claude_session)
         return await messages.create(body, context, claude_session)
-    pipeline: Pipeline = app_state.pipeline
+    pipeline = runtime.pipeline
     if endpoint is not Endpoint.chat:
         return await pipeline.handle(endpoint, body, context)
     # Parsed here once, for the pipeline too: whether the request uses the legacy

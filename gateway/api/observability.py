@@ -13,8 +13,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway.dashboard import PAGE
-from gateway.dashboard.fleet_view import FleetView
 from gateway.errors import InvalidRequest, NotFound, StateUnavailable
+from gateway.runtime import current
 from gateway.sessions.ids import SessionRef, check_session_id
 from gateway.telemetry.service import Telemetry
 from gateway.telemetry.usage import parse_days, summary, usage_report
@@ -64,7 +64,7 @@ def build_observability_router() -> APIRouter:
 
     @router.get("/dashboard/data")
     async def dashboard_data(request: Request) -> Response:
-        view: FleetView = request.app.state.fleet_view
+        view = current(request.app.state).fleet_view
         return _json(telemetry(request).live.snapshot(view.replicas()))
 
     return router

@@ -9,6 +9,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway.responses.service import ResponsesService
+from gateway.runtime import current
 from gateway.tenants.identity import access_of
 
 
@@ -16,8 +17,7 @@ def build_responses_router() -> APIRouter:
     router = APIRouter()
 
     def service(request: Request) -> ResponsesService:
-        found: ResponsesService = request.app.state.responses
-        return found
+        return current(request.app.state).responses
 
     @router.get("/v1/responses/{response_id}")
     async def retrieve(response_id: str, request: Request) -> Response:

@@ -12,6 +12,7 @@ from starlette.responses import Response
 
 from gateway.errors import ModelNotFound
 from gateway.fleet.replicas import Fleet
+from gateway.runtime import current
 from gateway.state.store import StateStore
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.tenants.identity import access_of
@@ -27,8 +28,7 @@ def build_api_router(store: StateStore, metrics: GatewayMetrics) -> APIRouter:
 
     def fleet_of(request: Request) -> Fleet:
         # The current policy's: a reload swaps it (gateway/reload.py).
-        fleet: Fleet = request.app.state.fleet
-        return fleet
+        return current(request.app.state).fleet
 
     def model_card(alias: str, fleet: Fleet) -> dict[str, Any]:
         card: dict[str, Any] = {

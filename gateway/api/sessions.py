@@ -13,6 +13,7 @@ from starlette.responses import Response
 
 from gateway.chat.inbound import json_object
 from gateway.errors import Conflict, InvalidRequest, NotFound
+from gateway.runtime import current
 from gateway.sessions.checkpoints import Checkpoint, engine_request, history
 from gateway.sessions.ids import SessionRef, check_session_id
 from gateway.sessions.store import CheckpointStore, fork_to_new_id
@@ -63,8 +64,7 @@ def build_sessions_router() -> APIRouter:
     router = APIRouter()
 
     def store_of(request: Request) -> CheckpointStore:
-        store: CheckpointStore = request.app.state.checkpoints
-        return store
+        return current(request.app.state).checkpoints
 
     @router.get("/v1/sessions/{session_id}/checkpoints")
     async def list_checkpoints(session_id: str, request: Request) -> Response:

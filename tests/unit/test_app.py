@@ -14,6 +14,7 @@ from starlette.testclient import TestClient
 from gateway.app import create_app
 from gateway.offline.replay.traces import read_trace
 from gateway.policy import Policy, parse_policy
+from gateway.runtime import current
 from gateway.state.store import StateStore
 from tests.fakes import Call, FakeUpstream, Scripted
 from tests.unit.clients import OpenGateways
@@ -249,7 +250,7 @@ def test_models_lists_the_policy_aliases(make_client: Client) -> None:
 
 def test_models_carry_the_context_window_their_engines_report(make_client: Client) -> None:
     client, _ = make_client(ok)
-    fleet = client.app.state.fleet  # type: ignore[attr-defined]
+    fleet = current(client.app.state).fleet  # type: ignore[attr-defined]
     for pool in fleet.pools.values():
         for replica in pool.replicas:
             replica.context_tokens = 16384  # what the health monitor reads from /v1/models

@@ -30,7 +30,7 @@ from gateway.fleet.discovery import LookupFailed
 from gateway.policy import PolicyError, parse_policy
 from gateway.policy.reloadable import load_policy_file, needs_restart
 from gateway.reload import PolicyReloader
-from gateway.runtime import Runtime
+from gateway.runtime import Runtime, current
 from gateway.state.store import StateStore
 from tests.conftest import ROOT
 from tests.fakes import Call, FakeUpstream, Scripted
@@ -91,8 +91,7 @@ class Gateway:
 
     @property
     def runtime(self) -> Runtime:
-        runtime: Runtime = self.client.app.state.runtime  # type: ignore[attr-defined]
-        return runtime
+        return current(self.client.app.state)  # type: ignore[attr-defined]
 
     def write(self, text: str) -> None:
         self.path.write_text(text, encoding="utf-8")

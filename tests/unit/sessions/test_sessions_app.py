@@ -13,6 +13,7 @@ from starlette.testclient import TestClient
 
 from gateway.chat.replies import normalise
 from gateway.policy import Policy, parse_policy
+from gateway.runtime import current
 from gateway.trimming.tokens import message_text, token_counter
 from tests.fakes import Call, FakeUpstream, Scripted
 from tests.unit.clients import OpenGateways
@@ -365,7 +366,7 @@ def test_a_trimming_budget_keeps_a_session_inside_the_engines_context(
     )
     client, fake = gateway(policy_override=policy)
     if not told:
-        client.app.state.fleet.pools["chat"].replicas[0].context_tokens = 2048  # type: ignore[attr-defined]
+        current(client.app.state).fleet.pools["chat"].replicas[0].context_tokens = 2048  # type: ignore[attr-defined]
     history = searches(client, session_headers(), 6)
     counter = token_counter(None)
     untrimmed = sum(counter.count(message_text(m)) + 4 for m in history[1:])
