@@ -80,7 +80,7 @@ class Pipeline:
         sessions: SessionTurns | None = None,
         tiers: TierChooser | None = None,
         dispatcher: Dispatcher | None = None,
-        answers: ResponseCache | None = None,
+        response_cache: ResponseCache | None = None,
         tenants: TenantPolicies | None = None,
         approvals: ApprovalGate | None = None,
         quota: Quota | None = None,
@@ -114,7 +114,7 @@ class Pipeline:
         self._tool_calls = ToolCallChecks(policy.tool_calls, metrics)
         self._tool_call_steps = ToolCallSteps(self._tiers, self._resend)
         # Kept deterministic answers, the last fallback (when the policy turns it on).
-        self._answers = answers if policy.resilience.response_cache.enabled else None
+        self._response_cache = response_cache if policy.resilience.response_cache.enabled else None
 
     async def handle(
         self,
@@ -278,15 +278,15 @@ class Pipeline:
         then this same request's kept answer); relay a stream, read a completion whole
         (its tool calls judged: gateway/tool_call_steps.py)."""
         request = call.request
-        answer_key = cache_key(request.body) if self._answers is not None else None
+        answer_key = cache_key(request.body) if self._response_cache is not None else None
         try:
-            choice, dispatch = await self._dispatch(call, request)
+            choice, dispatch = await self._serve_with_fallbacks(call, request)
         except _CANNOT_ANSWER:
             cached = await self._cached_answer(answer_key, call)
             if cached is None:
                 raise
             return cached
-        headers = self._dispatched(call, choice, dispatch)
+        headers = self._note_routing(call, choice, dispatch)
         if request.stream:
             commit = self._checkpointer(call, choice, dispatch)
             return Live(self._relay(call, choice, dispatch, commit), headers)
@@ -363,8 +363,8 @@ class Pipeline:
         if turn is not None:
             number = await outcome.commit(answer.reply, answer.usage) if outcome.commit else None
             headers.update(gateway_headers.turn_kept(number))
-        if outcome.keep_as is not None and self._answers is not None:
-            await self._answers.put(
+        if outcome.keep_as is not None and self._response_cache is not None:
+            await self._response_cache.put(
                 outcome.keep_as, answer.payload, tenant=call.context.access.name
             )
         return Served.answer(answer, headers)
@@ -406,7 +406,9 @@ class Pipeline:
             or (call.tools is not None and not call.request.stream)  # streams: held live
         )
 
-    async def _dispatch(self, call: Call, request: InboundRequest) -> tuple[TierChoice, Dispatch]:
+    async def _serve_with_fallbacks(
+        self, call: Call, request: InboundRequest
+    ) -> tuple[TierChoice, Dispatch]:
         """Send to the chosen pool; when it cannot answer, to the model's fallbacks in turn
         (the tenant's own, and only models the tenant may use)."""
         choice, route, context = call.choice, call.route, call.context
@@ -455,12 +457,12 @@ class Pipeline:
         """`request` sent for `call` to `choice` (its fallbacks when it cannot answer),
         recorded, and its answer read whole: a checked answer's each try, and a tool
         call's re-ask or escalation."""
-        choice, dispatch = await self._dispatch(call.but(choice=choice), request)
-        headers = self._dispatched(call, choice, dispatch)
+        choice, dispatch = await self._serve_with_fallbacks(call.but(choice=choice), request)
+        headers = self._note_routing(call, choice, dispatch)
         answer = await self._read_answer(call, request, dispatch)
         return Settled(choice, dispatch, headers, answer)
 
-    def _dispatched(self, call: Call, choice: TierChoice, dispatch: Dispatch) -> dict[str, str]:
+    def _note_routing(self, call: Call, choice: TierChoice, dispatch: Dispatch) -> dict[str, str]:
         """Records the decisions; returns the headers that report them."""
         assert call.route is not None
         record, route, decision = call.context.record, call.route, dispatch.decision
@@ -551,9 +553,9 @@ class Pipeline:
     async def _cached_answer(self, key: str | None, call: Call) -> Reply | None:
         """The last fallback: this same deterministic request's kept answer (not a new
         answer of the engine: the turn is not kept)."""
-        if key is None or self._answers is None:
+        if key is None or self._response_cache is None:
             return None
-        payload = await self._answers.get(key, tenant=call.context.access.name)
+        payload = await self._response_cache.get(key, tenant=call.context.access.name)
         if payload is None:
             return None
         assert call.choice is not None

@@ -257,7 +257,7 @@ def build_runtime(policy: Policy, services: Services, previous: Runtime | None =
             peer_inflight=peer_inflight,
             peer_tenants=sharing.peer_tenants if sharing is not None else None,
         ),
-        answers=RedisResponseCache(redis, ttl_s=policy.resilience.response_cache.ttl_s),
+        response_cache=RedisResponseCache(redis, ttl_s=policy.resilience.response_cache.ttl_s),
         tenants=tenants,
         approvals=(
             ApprovalGate(policy.approvals, approvals)

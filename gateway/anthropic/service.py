@@ -1,6 +1,6 @@
 """`POST /v1/messages` and `POST /v1/messages/count_tokens`: the Anthropic Messages API,
 answered by the engines' Chat Completions through the ordinary chat pipeline, so that
-everything the gateway does to chat traffic (canonicalisation, cache-affinity routing,
+everything the gateway does to chat traffic (canonicalization, cache-affinity routing,
 tiers, sessions and checkpoints, trimming, approvals, quota, traces, metrics, usage)
 applies to it too. Why translating and not passing through to vLLM's own `/v1/messages`:
 docs/concepts/anthropic-api.md.

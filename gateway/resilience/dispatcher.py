@@ -187,7 +187,7 @@ class Dispatcher:
         tries = 1
         while True:
             try:
-                dispatch = await self._try(outbound, tried)
+                dispatch = await self._try_replica(outbound, tried)
             except _Retryable as failed:
                 error, wait = failed.error, _backoff(failed, tries, retries)
             else:
@@ -209,7 +209,7 @@ class Dispatcher:
         finally:
             del error  # the raised error's traceback holds this frame
 
-    async def _try(self, outbound: _Outbound, tried: set[Replica]) -> Dispatch:
+    async def _try_replica(self, outbound: _Outbound, tried: set[Replica]) -> Dispatch:
         model = outbound.model
         pool, tenant = outbound.pool, outbound.route.tenant
         line = self._admission.line(pool)

@@ -112,7 +112,7 @@ PROBES = (
     Probe("placement recorded", "gateway.routing.router", "CacheAwareRouter.dispatched",
           DISPATCH),
     Probe(ENGINE, "gateway.upstream.http1", "Http1Upstream.post", DISPATCH),
-    Probe("route recorded", "gateway.pipeline", "Pipeline._dispatched", PIPELINE),
+    Probe("route recorded", "gateway.pipeline", "Pipeline._note_routing", PIPELINE),
     Probe(READ, "gateway.pipeline", "Pipeline._read_answer", PIPELINE),
     Probe("conform the completion", "gateway.delivery.whole", "conform_completion", READ),
     Probe("tool calls judged", "gateway.tool_call_steps", "ToolCallSteps.settle", PIPELINE),

@@ -62,7 +62,7 @@ class Clock:
 
 
 class FailingTries:
-    """Stands for `Dispatcher._try`: every try fails, answering with `retry_after_s`."""
+    """Stands for `Dispatcher._try_replica`: every try fails, answering with `retry_after_s`."""
 
     def __init__(self, clock: Clock, retry_after_s: float | None) -> None:
         self.clock = clock
@@ -83,7 +83,7 @@ async def send_failing(
     built = Dispatcher(
         POLICY, build_router(POLICY.routing, time.monotonic), upstream, GatewayMetrics()
     )
-    monkeypatch.setattr(built, "_try", tries)
+    monkeypatch.setattr(built, "_try_replica", tries)
     monkeypatch.setattr(asyncio, "sleep", clock.sleep)  # the loop awaits asyncio.sleep
     monkeypatch.setattr(asyncio.get_running_loop(), "time", clock.time)
     pool = Fleet(POLICY).pools["p"]
