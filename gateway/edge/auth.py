@@ -110,7 +110,7 @@ class ApiKeyAuth:
             identity, access = found
             state = scope.setdefault("state", {})
             state["identity"] = identity
-            state["tenant"] = access
+            state["access"] = access  # the caller's TenantAccess (`access_of`)
             record = state.get("telemetry")
             if record is not None:
                 record.tenant = identity.tenant

@@ -30,7 +30,7 @@ class HealthMonitor:
     async def check_all(self, *, first: bool = False) -> None:
         """Poll every replica once. The first round, before serving, trusts no replica that
         fails it; later rounds wait for `failures_to_unhealthy` failures in a row."""
-        self._fleet.refresh()
+        self._fleet.reread_engine_state()
         replicas = self._fleet.all_replicas()
         if replicas:
             await asyncio.gather(*(self._check(r, first=first) for r in replicas))

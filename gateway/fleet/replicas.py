@@ -265,7 +265,7 @@ class Fleet:
             else [self.pools[pool] for pool in policy.tiering[str(m.tiering)].tiers.values()]
             for alias, m in policy.models.items()
         }
-        self.refresh()
+        self.reread_engine_state()
 
     def context_tokens(self, alias: str) -> int | None:
         """The smallest context window the engines serving `alias` report (any tier of its
@@ -273,7 +273,8 @@ class Fleet:
         known = [t for pool in self._reachable.get(alias, ()) if (t := pool.context_tokens())]
         return min(known) if known else None
 
-    def refresh(self) -> None:
+    def reread_engine_state(self) -> None:
+        """Every pool's replicas from `engine up`'s state file, when it changed."""
         for pool in self.pools.values():
             pool.refresh_from_engine_state()
 

@@ -53,7 +53,7 @@ OPEN_ACCESS = TenantAccess(DEFAULT_TENANT)
 
 def access_of(state: Mapping[str, Any]) -> TenantAccess:
     """The caller's tenant, from the ASGI scope's state (`scope["state"]`)."""
-    access = state.get("tenant")
+    access = state.get("access")
     return access if isinstance(access, TenantAccess) else OPEN_ACCESS
 
 

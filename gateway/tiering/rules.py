@@ -49,11 +49,11 @@ def facts_of(
 def last_user_text(messages: Sequence[Any]) -> str:
     for message in reversed(messages):
         if isinstance(message, dict) and message.get("role") == "user":
-            return message_text(message.get("content"))
+            return content_text(message.get("content"))
     return ""
 
 
-def message_text(content: Any) -> str:
+def content_text(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):  # content parts: the text ones
@@ -66,7 +66,7 @@ def message_text(content: Any) -> str:
 
 
 def _estimated_tokens(messages: Sequence[Any], tools: Any) -> int:
-    size = sum(len(message_text(m.get("content"))) + 16 for m in messages if isinstance(m, dict))
+    size = sum(len(content_text(m.get("content"))) + 16 for m in messages if isinstance(m, dict))
     if isinstance(tools, list):
         size += sum(len(str(tool)) for tool in tools)
     return size // _BYTES_PER_TOKEN
