@@ -40,8 +40,9 @@ class Call:
     route: RouteRequest | None = None
     choice: TierChoice | None = None
     tools: ToolCheck | None = None  # the check of the tool calls it may answer with
-    # Response headers noted along the way (which parts of the prompt prefix changed).
-    notes: dict[str, str] = field(default_factory=dict)
+    # Response headers set along the way (which parts of the prompt prefix changed),
+    # sent with whatever answers the call.
+    headers: dict[str, str] = field(default_factory=dict)
 
     @property
     def client_usage(self) -> bool:

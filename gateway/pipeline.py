@@ -245,9 +245,9 @@ class Pipeline:
         tools = self._tool_calls.for_request(
             request.model, declared, tools_json, request.body.get("n")
         )
-        notes = dict(call.notes)
+        headers = dict(call.headers)
         if prefix_changes := await self._prefixes.changes(request, session):
-            notes[gateway_headers.PREFIX_CHANGE] = ",".join(prefix_changes)
+            headers[gateway_headers.PREFIX_CHANGE] = ",".join(prefix_changes)
         request, cache_seed = self._prefixes.scoped(request, call.tenant.cache_scope)
         route = self._prefixes.route_request(
             request,
@@ -256,7 +256,7 @@ class Pipeline:
             context.access.name,
             cache_seed,
         )
-        return call.but(request=request, route=route, notes=notes, tools=tools)
+        return call.but(request=request, route=route, headers=headers, tools=tools)
 
     async def _choose_tier(self, call: Call) -> Call:
         request, context = call.request, call.context
@@ -350,7 +350,7 @@ class Pipeline:
     async def _deliver(self, call: Call, outcome: Reply | Live) -> Served:
         """The one exit: the response headers, built once, and the session turn committed
         (a relayed stream's by its relay, before `[DONE]`)."""
-        headers = {**outcome.headers, **call.notes}
+        headers = {**outcome.headers, **call.headers}
         turn = call.turn
         session = turn.session if turn is not None else call.unsaved
         if session is not None:

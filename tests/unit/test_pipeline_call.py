@@ -26,11 +26,11 @@ def make_call() -> Call:
 
 def test_but_is_replace_without_touching_the_original() -> None:
     call = make_call()
-    notes = {"x-gateway-prefix-change": "tools"}
-    changed = call.but(hide_usage=True, notes=notes)
-    assert changed == dataclasses.replace(call, hide_usage=True, notes=notes)
+    headers = {"x-gateway-prefix-change": "tools"}
+    changed = call.but(hide_usage=True, headers=headers)
+    assert changed == dataclasses.replace(call, hide_usage=True, headers=headers)
     assert changed is not call
-    assert not call.hide_usage and call.notes == {}
+    assert not call.hide_usage and call.headers == {}
     assert changed.request is call.request and changed.context is call.context
 
 
