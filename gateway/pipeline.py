@@ -92,7 +92,7 @@ class Pipeline:
             cached_share=router.cached_share,
             load_scorer=load_learned_router,
         )
-        self._sessions = SessionSteps(policy.sessions, sessions, metrics, fleet)
+        self._session_steps = SessionSteps(policy.sessions, sessions, metrics, fleet)
         # A stream's longest silence, read as it is relayed (and a whole answer's).
         self._idle_s = policy.timeouts.idle_s
         # Tool calls held for a person's approval; None (no cost) when the policy names none.
@@ -105,7 +105,7 @@ class Pipeline:
         # Fields each alias's requests get when they lack them (`models.<alias>.defaults`).
         self._defaults = {alias: m.defaults for alias, m in policy.models.items() if m.defaults}
         self._dispatcher = dispatcher or Dispatcher(policy, router, upstream, metrics)
-        self._prefixes = PrefixSteps(
+        self._prefix_steps = PrefixSteps(
             policy.routing, policy.canonicalize, policy.models, fingerprints, metrics
         )
         self._metrics = metrics
@@ -201,10 +201,12 @@ class Pipeline:
         approval."""
         context = call.context
         record = context.record
-        session = self._sessions.session_of(call.request, context)
+        session = self._session_steps.session_of(call.request, context)
         record.session = session.id if session else None
         with record.stage("hydrate"):
-            turn, request, degraded = await self._sessions.hydrate(call.request, session, context)
+            turn, request, degraded = await self._session_steps.hydrate(
+                call.request, session, context
+            )
         unsaved = None
         if degraded and session is not None:  # served, not kept: the client is told
             record.degraded = "checkpoint"
@@ -230,7 +232,7 @@ class Pipeline:
         commit = None
         if call.turn is not None:
             route = {"answered_by": "gateway", "approval": kept.approval, "event": kept.event}
-            commit = self._sessions.committer(
+            commit = self._session_steps.committer(
                 call.turn, call.request, call.request.body, route, call.context
             )
         return Reply(kept.answer, kept.headers, commit)
@@ -241,15 +243,15 @@ class Pipeline:
         if declared and (strict := self._tool_calls.constrain(declared)) is not None:
             request = request.with_body({**request.body, "tools": strict})  # before hashing
         with context.record.stage("canonicalize"):
-            request, tools_json = self._prefixes.canonicalize(request)
+            request, tools_json = self._prefix_steps.canonicalize(request)
         tools = self._tool_calls.for_request(
             request.model, declared, tools_json, request.body.get("n")
         )
         headers = dict(call.headers)
-        if prefix_changes := await self._prefixes.changes(request, session):
+        if prefix_changes := await self._prefix_steps.changes(request, session):
             headers[gateway_headers.PREFIX_CHANGE] = ",".join(prefix_changes)
-        request, cache_seed = self._prefixes.scoped(request, call.tenant.cache_scope)
-        route = self._prefixes.route_request(
+        request, cache_seed = self._prefix_steps.scoped(request, call.tenant.cache_scope)
+        route = self._prefix_steps.route_request(
             request,
             session.id if session else context.session_id,
             tools_json,
@@ -503,7 +505,9 @@ class Pipeline:
     ) -> Checkpointer | None:
         if call.turn is None:
             return None
-        return self._sessions.checkpointer(call.turn, call.request, choice, dispatch, call.context)
+        return self._session_steps.checkpointer(
+            call.turn, call.request, choice, dispatch, call.context
+        )
 
     async def _read_answer(self, call: Call, request: InboundRequest, dispatch: Dispatch) -> Answer:
         return await read_answer(
