@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
-
 from gateway.chat.conformance import check_shape
 from gateway.chat.messages import Message
 from gateway.chat.stream import DONE, chunks_of
@@ -39,15 +37,6 @@ def _tool_call(call: dict[str, Any]) -> dict[str, Any]:
         "type": call.get("type") or "function",
         "function": {"name": function.get("name"), "arguments": function.get("arguments") or ""},
     }
-
-
-def reply_from_completion(payload: bytes) -> tuple[Message | None, dict[str, Any] | None]:
-    """The first choice's message and the usage of a non-streamed chat completion."""
-    try:
-        data = orjson.loads(payload)
-    except orjson.JSONDecodeError:
-        return None, None
-    return reply_of(data)
 
 
 def reply_of(data: Any) -> tuple[Message | None, dict[str, Any] | None]:

@@ -61,16 +61,3 @@ class RedisResponseCache:
             await self._redis.set(answer_key(tenant, key), payload, ex=self._ttl_s)
         except (aioredis.RedisError, OSError) as exc:
             log.warning("response cache not written: %s", exc)
-
-
-class MemoryResponseCache:
-    """In-memory twin for unit tests."""
-
-    def __init__(self) -> None:
-        self.answers: dict[str, bytes] = {}  # by key ("tenant/key" for other tenants)
-
-    async def get(self, key: str, *, tenant: str = DEFAULT_TENANT) -> bytes | None:
-        return self.answers.get(key if tenant == DEFAULT_TENANT else f"{tenant}/{key}")
-
-    async def put(self, key: str, payload: bytes, *, tenant: str = DEFAULT_TENANT) -> None:
-        self.answers[key if tenant == DEFAULT_TENANT else f"{tenant}/{key}"] = payload

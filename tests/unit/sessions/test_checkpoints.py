@@ -7,7 +7,7 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.chat.replies import ReplyCollector, normalise, reply_from_completion
+from gateway.chat.replies import ReplyCollector, normalise, reply_of
 from gateway.errors import InvalidRequest
 from gateway.policy.sessions import SessionsSpec
 from gateway.sessions.checkpoints import (
@@ -99,7 +99,7 @@ def test_reply_of_a_completion_and_of_a_stream_agree() -> None:
                                              "tool_calls": []}}],
         "usage": {"prompt_tokens": 5, "completion_tokens": 2},
     })  # fmt: skip
-    whole, usage = reply_from_completion(payload)
+    whole, usage = reply_of(orjson.loads(payload))
     assert whole == {"role": "assistant", "content": "Hello there"}
     assert usage == {"prompt_tokens": 5, "completion_tokens": 2}
     collector = ReplyCollector()
