@@ -32,8 +32,8 @@ from gateway.upstream.client import ConnectFailed, UpstreamResponse
 
 # A stream's bytes wait here until the relay takes them; past this much the socket is
 # paused, so a slow client holds back the engine instead of filling the gateway's memory.
+# The relay takes all that is buffered at once (`take`), so reading resumes then.
 _PAUSE_AT = 256 * 1024
-_RESUME_AT = 64 * 1024
 
 
 @dataclass(frozen=True)
