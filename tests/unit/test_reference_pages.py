@@ -126,3 +126,22 @@ def test_the_metrics_reference_lists_every_metric_family() -> None:
         if f"`{name}_total`" not in text and f"`{name}`" not in text
     ]
     assert not missing, f"metrics missing from docs/reference/metrics.md: {missing}"
+
+
+def test_every_metric_the_docs_name_is_exported() -> None:
+    """The other way round, over every page and the deploy files (Grafana's queries have
+    their own test): a renamed metric leaves no page pointing at the old name."""
+    exported: set[str] = set()
+    for name, kind in exported_families().items():
+        exported.add(name)
+        if kind == "counter":
+            exported.add(f"{name}_total")
+        if kind == "histogram":
+            exported |= {f"{name}_bucket", f"{name}_sum", f"{name}_count"}
+    named = re.compile(r"(?<![A-Za-z0-9_:.])(gateway_[a-z0-9_]*[a-z0-9])(?![A-Za-z0-9_(])")
+    unknown: dict[str, str] = {}
+    for source in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+        for name in named.findall(source.read_text(encoding="utf-8")):
+            if name not in exported:
+                unknown.setdefault(name, str(source.relative_to(ROOT)))
+    assert not unknown, unknown
