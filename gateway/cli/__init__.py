@@ -24,6 +24,7 @@ gateway keys revoke KEY_ID [--policy FILE]
 from __future__ import annotations
 
 import argparse
+from importlib.metadata import PackageNotFoundError, version
 
 from gateway.cli import evals, keys, policy_files, replay, serve, training
 
@@ -32,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     """Every subcommand and its options (docs/reference/cli.md lists them; a test keeps
     the two together)."""
     parser = argparse.ArgumentParser(prog="gateway", description="OpenAI-compatible agent gateway")
+    parser.add_argument("--version", action="version", version=f"gateway {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     for command in (serve, policy_files, replay, evals, training, keys):
         command.register(sub)
@@ -42,3 +44,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     result: int = args.run(args)
     return result
+
+
+def _version() -> str:
+    try:
+        return version("agent-gateway")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
