@@ -9,7 +9,7 @@ the same tag, so they live in one slot (one node) and one MULTI/EXEC may touch t
     agw:{<tenant>/<session>}:blobs         hash    tool sets by digest (sessions/store.py)
     agw:{<tenant>/<session>}:usage         hash    its usage counters (telemetry/usage.py)
     agw:{<tenant>/<session>}:prefix        string  last prefix fingerprint (prefix_watch.py)
-    agw:{<tenant>/<session>}:tier:<route>  string  its sticky tier (tiering/memory.py)
+    agw:{<tenant>/<session>}:tier:<route>  string  its sticky tier (tiering/stickiness.py)
     agw:{<tenant>/<session>}:approval      string  its open approval's id (approvals/store.py)
     agw:response:{<tenant>/<response id>}  string  a stored response (responses/records.py)
     agw:compaction:{<tenant>/<id>}         string  a compacted conversation (responses/)
@@ -20,9 +20,9 @@ the same tag, so they live in one slot (one node) and one MULTI/EXEC may touch t
     agw:feedback:{<tenant>}                stream  scores given to its requests (feedback/)
     agw:usage:<tenant>:<day>               hash    a ledger day row (telemetry/usage.py)
     agw:usage:tenants                      set     tenants with ledger rows (telemetry/usage.py)
-    agw:apikey:{<sha256 hex>}              hash    a key made at run time (keys/runtime.py)
-    agw:apikeys:ids                        hash    key id -> its sha256 hex (keys/runtime.py)
-    agw:apikeys:tenant:{<tenant>}          set     a tenant's run-time key ids (keys/runtime.py)
+    agw:apikey:{<sha256 hex>}              hash    a key made at run time (tenants/stored_keys.py)
+    agw:apikeys:ids                        hash    key id -> its sha256 hex (tenants/stored_keys.py)
+    agw:apikeys:tenant:{<tenant>}          set     a tenant's run-time key ids (tenants/stored_keys.py)
     agw:quota:{<tenant>}:tenant:<unit>     hash    the tenant's rate bucket (quota/store.py)
     agw:quota:{<tenant>}:key:<id>:<unit>   hash    one key's rate bucket (quota/store.py)
     agw:quota:{<tenant>}:<period>:<date>   hash    budget used in a day or month (quota/store.py)
@@ -46,7 +46,7 @@ from __future__ import annotations
 def _tag_text(value: str) -> str:
     """`value` made safe inside a hash tag: a brace would end or open the tag early, so
     braces (and `%`, to keep the mapping one-to-one) are percent-encoded. Checked session
-    ids (sessions/keys.py) contain none of them and are used as they are."""
+    ids (sessions/ids.py) contain none of them and are used as they are."""
     if "{" not in value and "}" not in value and "%" not in value:
         return value
     return value.replace("%", "%25").replace("{", "%7B").replace("}", "%7D")
