@@ -1,7 +1,8 @@
 """The reference pages list what the code defines, read from the code itself: every
 operation of the gateway's OpenAPI document (docs/reference/api.md), every `gateway` and
 `engine` subcommand and option (cli.md), every error `code` the gateway writes
-(errors.md), every `X-Gateway-*` header (headers.md) and every metric family (metrics.md). A new one without its line in the reference fails here. (The policy
+(errors.md), every `X-Gateway-*` header (headers.md), every metric family (metrics.md)
+and every Redis key (docs/operations/redis.md). A new one without its line in the reference fails here. (The policy
 reference is generated whole: tests/unit/policy/test_reference.py.)"""
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from engine.cli import build_parser as engine_parser
 from gateway import headers
 from gateway.api.openapi import openapi_document
 from gateway.cli import build_parser as gateway_parser
+from gateway.state import keys
 from tests.unit.telemetry.exported import exported_families
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -145,3 +147,21 @@ def test_every_metric_the_docs_name_is_exported() -> None:
             if name not in exported:
                 unknown.setdefault(name, str(source.relative_to(ROOT)))
     assert not unknown, unknown
+
+
+def test_the_redis_page_lists_every_key_as_the_key_module_does() -> None:
+    """docs/operations/redis.md carries gateway/state/keys.py's table of keys, line for line."""
+    assert keys.__doc__ is not None
+    lines = keys.__doc__.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.split()[:2] == ["key", "type"])
+    table = []
+    for line in lines[start:]:
+        if not line.strip():
+            break
+        table.append(line.strip())
+    assert len(table) > 20
+    documented = {
+        line.strip() for line in (ROOT / "docs/operations/redis.md").read_text().splitlines()
+    }
+    missing = [line for line in table if line not in documented]
+    assert not missing, missing
