@@ -2,8 +2,9 @@
 operation of the gateway's OpenAPI document (docs/reference/api.md), every `gateway` and
 `engine` subcommand and option (cli.md), every error `code` the gateway writes
 (errors.md), every `X-Gateway-*` header (headers.md), every metric family (metrics.md)
-and every Redis key (docs/operations/redis.md). A new one without its line in the reference fails here. (The policy
-reference is generated whole: tests/unit/policy/test_reference.py.)"""
+and every Redis key (docs/operations/redis.md). A new one without its line in the
+reference fails here. (The policy reference is generated whole:
+tests/unit/policy/test_reference.py.)"""
 
 from __future__ import annotations
 
