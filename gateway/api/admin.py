@@ -15,12 +15,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
 from fastapi import APIRouter
 from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
+from gateway.api.json_response import json_response
 from gateway.api.sessions import checkpoint_summary
 from gateway.chat.inbound import json_object
 from gateway.errors import InvalidRequest, NotFound
@@ -31,10 +31,6 @@ from gateway.sessions.ids import SessionRef, check_session_id
 from gateway.tenants.directory import Tenants
 from gateway.tenants.stored_keys import ROLES, RedisKeys
 from gateway.untrusted.client_text import check_label
-
-
-def _json(data: Any, status: int = 200) -> Response:
-    return Response(orjson.dumps(data), status_code=status, media_type="application/json")
 
 
 def _options(raw: bytes) -> dict[str, Any]:
@@ -90,7 +86,7 @@ def build_admin_router(tenants: Tenants) -> APIRouter:
         key, record = await api_keys(request).create(
             tenant, name=name, roles=roles, rate_limits=limits
         )
-        return _json({**record.public(), "key": key}, 201)
+        return json_response({**record.public(), "key": key}, 201)
 
     @router.get("/admin/keys")
     async def list_keys(request: Request) -> Response:
@@ -98,14 +94,14 @@ def build_admin_router(tenants: Tenants) -> APIRouter:
         names = [known_tenant(wanted, "tenant")] if wanted else tenants.names()
         store = api_keys(request)
         data = [record.public() for name in names for record in await store.of_tenant(name)]
-        return _json({"object": "list", "data": data})
+        return json_response({"object": "list", "data": data})
 
     @router.delete("/admin/keys/{key_id}")
     async def revoke_key(key_id: str, request: Request) -> Response:
         record = await api_keys(request).revoke(key_id)
         if record is None:
             raise NotFound(f"No API key `{key_id}`.", param="key_id", code="key_not_found")
-        return _json({"id": key_id, "object": "api_key.deleted", "deleted": True})
+        return json_response({"id": key_id, "object": "api_key.deleted", "deleted": True})
 
     @router.post("/admin/policy/reload")
     async def reload_policy(request: Request) -> Response:
@@ -116,7 +112,7 @@ def build_admin_router(tenants: Tenants) -> APIRouter:
                 code="reload_unavailable",
             )
         outcome = await reloader.check(force=True)
-        return _json({"object": "policy.reload", "outcome": outcome or "unchanged"})
+        return json_response({"object": "policy.reload", "outcome": outcome or "unchanged"})
 
     @router.get("/admin/sessions/{tenant}/{session_id}")
     async def inspect_session(tenant: str, session_id: str, request: Request) -> Response:
@@ -131,12 +127,12 @@ def build_admin_router(tenants: Tenants) -> APIRouter:
             )
         data = [checkpoint_summary(i + 1, c) for i, c in enumerate(checkpoints)]
         body = {"object": "session", "tenant": session.tenant, "id": session.id, "data": data}
-        return _json(body)
+        return json_response(body)
 
     @router.get("/admin/tenants")
     async def list_tenants(request: Request) -> Response:
         # The running policy's (a reload rebuilds them): defaults and overrides merged.
         settings = current(request.app.state).tenants
-        return _json({"object": "list", "data": [s.public() for s in settings.listed()]})
+        return json_response({"object": "list", "data": [s.public() for s in settings.listed()]})
 
     return router

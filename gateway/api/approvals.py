@@ -13,13 +13,11 @@ refused ones too, is a span continuing the caller's `traceparent`
 
 from __future__ import annotations
 
-from typing import Any
-
-import orjson
 from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
+from gateway.api.json_response import json_response
 from gateway.approvals.decisions import Approvals
 from gateway.errors import InvalidRequest
 from gateway.runtime import current
@@ -29,10 +27,6 @@ from gateway.untrusted.client_text import ascii_number
 
 _LIMIT = 20
 _MAX_LIMIT = 100
-
-
-def _json(data: Any, status: int = 200) -> Response:
-    return Response(orjson.dumps(data), status_code=status, media_type="application/json")
 
 
 def _limit(value: str | None) -> int:
@@ -61,13 +55,13 @@ def build_approvals_router(telemetry: Telemetry) -> APIRouter:
             tenant_of(request), params.get("status"), _limit(params.get("limit"))
         )
         now = approvals.clock()
-        return _json({"object": "list", "data": [a.public(now) for a in found]})
+        return json_response({"object": "list", "data": [a.public(now) for a in found]})
 
     @router.get("/v1/approvals/{approval_id}")
     async def get_approval(approval_id: str, request: Request) -> Response:
         approvals = approvals_of(request)
         approval = await approvals.get(tenant_of(request), approval_id)
-        return _json(approval.public(approvals.clock()))
+        return json_response(approval.public(approvals.clock()))
 
     @router.post("/v1/approvals/{approval_id}")
     async def decide(approval_id: str, request: Request) -> Response:
@@ -84,6 +78,6 @@ def build_approvals_router(telemetry: Telemetry) -> APIRouter:
         ) as record:
             body = await request.body()
             decided = await approvals.decide(tenant, approval_id, identity, body, record)
-        return _json(decided.public(approvals.clock()))
+        return json_response(decided.public(approvals.clock()))
 
     return router

@@ -3,11 +3,11 @@ tenant (gateway/feedback/store.py); `gateway dataset export` joins it to the req
 
 from __future__ import annotations
 
-import orjson
 from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
+from gateway.api.json_response import json_response
 from gateway.edge.body import read_body
 from gateway.feedback.store import Feedback, FeedbackStore
 from gateway.telemetry.metrics import GatewayMetrics
@@ -27,6 +27,6 @@ def build_feedback_router(metrics: GatewayMetrics) -> APIRouter:
         tenant = access_of(request.scope["state"]).name
         entry = await store.add(tenant, feedback)
         metrics.feedback.labels(tenant).inc()
-        return Response(orjson.dumps(feedback.public(entry)), media_type="application/json")
+        return json_response(feedback.public(entry))
 
     return router

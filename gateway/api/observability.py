@@ -4,14 +4,13 @@ day, or per session), the dashboard page and its data."""
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
 
-import orjson
 from fastapi import APIRouter
 from redis.exceptions import RedisError
 from starlette.requests import Request
 from starlette.responses import Response
 
+from gateway.api.json_response import json_response
 from gateway.dashboard import PAGE
 from gateway.errors import InvalidRequest, NotFound, StateUnavailable
 from gateway.runtime import current
@@ -21,10 +20,6 @@ from gateway.telemetry.usage import parse_days, summary, usage_report
 from gateway.tenants.identity import access_of
 
 _MAX_DAYS = 366
-
-
-def _json(data: Any) -> Response:
-    return Response(orjson.dumps(data), media_type="application/json")
 
 
 def build_observability_router() -> APIRouter:
@@ -51,12 +46,14 @@ def build_observability_router() -> APIRouter:
                 counts = await book.session(ref)
                 if not counts:
                     raise NotFound(f"No usage for session `{session_id}`.", param="session")
-                return _json({"object": "session.usage", "session": session_id, **summary(counts)})
+                return json_response(
+                    {"object": "session.usage", "session": session_id, **summary(counts)}
+                )
             start, end = _days(params.get("start"), params.get("end"))
             rows = await book.read(tenant, start, end)
         except (RedisError, OSError) as exc:  # counts stay queued in memory meanwhile
             raise StateUnavailable(f"Usage cannot be read now: {exc}") from None
-        return _json(usage_report(rows, start, end))
+        return json_response(usage_report(rows, start, end))
 
     @router.get("/dashboard")
     async def dashboard() -> Response:
@@ -65,7 +62,7 @@ def build_observability_router() -> APIRouter:
     @router.get("/dashboard/data")
     async def dashboard_data(request: Request) -> Response:
         view = current(request.app.state).fleet_view
-        return _json(telemetry(request).live.snapshot(view.replicas()))
+        return json_response(telemetry(request).live.snapshot(view.replicas()))
 
     return router
 

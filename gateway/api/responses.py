@@ -3,11 +3,11 @@ gateway/api/inference.py); the work is in gateway/responses/service.py."""
 
 from __future__ import annotations
 
-import orjson
 from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
+from gateway.api.json_response import json_response
 from gateway.responses.service import ResponsesService
 from gateway.runtime import current
 from gateway.tenants.identity import access_of
@@ -22,12 +22,12 @@ def build_responses_router() -> APIRouter:
     @router.get("/v1/responses/{response_id}")
     async def retrieve(response_id: str, request: Request) -> Response:
         body = await service(request).get(response_id, access_of(request.scope["state"]).name)
-        return Response(orjson.dumps(body), media_type="application/json")
+        return json_response(body)
 
     @router.delete("/v1/responses/{response_id}")
     async def delete(response_id: str, request: Request) -> Response:
         tenant = access_of(request.scope["state"]).name
         body = await service(request).delete(response_id, tenant)
-        return Response(orjson.dumps(body), media_type="application/json")
+        return json_response(body)
 
     return router

@@ -5,21 +5,17 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import orjson
 from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
+from gateway.api.json_response import json_response
 from gateway.errors import ModelNotFound
 from gateway.fleet.replicas import Fleet
 from gateway.runtime import current
 from gateway.state.store import StateStore
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.tenants.identity import access_of
-
-
-def _json(data: Any, status: int = 200) -> Response:
-    return Response(orjson.dumps(data), status_code=status, media_type="application/json")
 
 
 def build_api_router(store: StateStore, metrics: GatewayMetrics) -> APIRouter:
@@ -48,14 +44,14 @@ def build_api_router(store: StateStore, metrics: GatewayMetrics) -> APIRouter:
         # Only the models the caller's tenant may use (all, without tenants).
         fleet = fleet_of(request)
         aliases = access_of(request.scope["state"]).visible(fleet.descriptions)
-        return _json({"object": "list", "data": [model_card(a, fleet) for a in aliases]})
+        return json_response({"object": "list", "data": [model_card(a, fleet) for a in aliases]})
 
     @router.get("/v1/models/{alias:path}")
     async def retrieve_model(alias: str, request: Request) -> Response:
         allowed = access_of(request.scope["state"]).allows(alias)
         if not allowed or alias not in fleet_of(request).descriptions:
             raise ModelNotFound(f"The model `{alias}` does not exist.", param="model")
-        return _json(model_card(alias, fleet_of(request)))
+        return json_response(model_card(alias, fleet_of(request)))
 
     @router.get("/metrics")
     async def prometheus_metrics() -> Response:
@@ -63,7 +59,7 @@ def build_api_router(store: StateStore, metrics: GatewayMetrics) -> APIRouter:
 
     @router.get("/healthz")
     async def healthz() -> Response:
-        return _json({"status": "ok"})
+        return json_response({"status": "ok"})
 
     @router.get("/readyz")
     async def readyz(request: Request) -> Response:
@@ -84,6 +80,6 @@ def build_api_router(store: StateStore, metrics: GatewayMetrics) -> APIRouter:
             "not_ready": not_ready,
             "state_store": "ok" if await store.ping() else "unreachable",
         }
-        return _json(body, 200 if ready else 503)
+        return json_response(body, 200 if ready else 503)
 
     return router

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
 from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
+from gateway.api.json_response import json_response
 from gateway.chat.inbound import json_object
 from gateway.errors import Conflict, InvalidRequest, NotFound
 from gateway.runtime import current
@@ -21,10 +21,6 @@ from gateway.sessions.turns import materialised_entities
 from gateway.tenants.identity import access_of
 from gateway.trimming.conversation import tool_results
 from gateway.untrusted.client_text import ascii_number
-
-
-def _json(data: Any, status: int = 200) -> Response:
-    return Response(orjson.dumps(data), status_code=status, media_type="application/json")
 
 
 def _session(session_id: str, request: Request) -> SessionRef:
@@ -71,7 +67,7 @@ def build_sessions_router() -> APIRouter:
         session = _session(session_id, request)
         checkpoints = await _load(store_of(request), session)
         data = [checkpoint_summary(i + 1, c) for i, c in enumerate(checkpoints)]
-        return _json({"object": "list", "session_id": session.id, "data": data})
+        return json_response({"object": "list", "session_id": session.id, "data": data})
 
     @router.get("/v1/sessions/{session_id}/checkpoints/{turn}")
     async def get_checkpoint(session_id: str, turn: str, request: Request) -> Response:
@@ -95,7 +91,7 @@ def build_sessions_router() -> APIRouter:
             # every declared entity's state as of this turn (trimming.state_tools)
             "entities": materialised_entities(checkpoints[:number]),
         }
-        return _json(body)
+        return json_response(body)
 
     @router.post("/v1/sessions/{session_id}/fork")
     async def fork(session_id: str, request: Request) -> Response:
@@ -127,7 +123,7 @@ def build_sessions_router() -> APIRouter:
             "turns": turns,
             "forked_from": {"session_id": source.id, "turn": turns},
         }
-        return _json(body, 201)
+        return json_response(body, 201)
 
     @router.get("/v1/sessions/{session_id}/artifacts/{handle}")
     async def artifact(session_id: str, handle: str, request: Request) -> Response:
@@ -149,13 +145,13 @@ def build_sessions_router() -> APIRouter:
             "arguments": result.arguments,
             "content": messages[index].get("content"),
         }
-        return _json(body)
+        return json_response(body)
 
     @router.delete("/v1/sessions/{session_id}")
     async def delete(session_id: str, request: Request) -> Response:
         session = _session(session_id, request)
         if not await store_of(request).delete(session):
             raise NotFound(f"No session `{session.id}` (or it expired).", code="session_not_found")
-        return _json({"id": session.id, "object": "session.deleted", "deleted": True})
+        return json_response({"id": session.id, "object": "session.deleted", "deleted": True})
 
     return router

@@ -22,7 +22,7 @@ the same tag, so they live in one slot (one node) and one MULTI/EXEC may touch t
     agw:usage:tenants                      set     tenants with ledger rows (telemetry/usage.py)
     agw:apikey:{<sha256 hex>}              hash    a key made at run time (tenants/stored_keys.py)
     agw:apikeys:ids                        hash    key id -> its sha256 hex (tenants/stored_keys.py)
-    agw:apikeys:tenant:{<tenant>}          set     a tenant's run-time key ids (tenants/stored_keys.py)
+    agw:apikeys:tenant:{<tenant>}          set     its run-time key ids (tenants/stored_keys.py)
     agw:quota:{<tenant>}:tenant:<unit>     hash    the tenant's rate bucket (quota/store.py)
     agw:quota:{<tenant>}:key:<id>:<unit>   hash    one key's rate bucket (quota/store.py)
     agw:quota:{<tenant>}:<period>:<date>   hash    budget used in a day or month (quota/store.py)

@@ -12,7 +12,7 @@ settings are merged per policy in gateway/tenants/settings.py.
 from __future__ import annotations
 
 from gateway.policy import Policy
-from gateway.tenants.identity import DEFAULT_TENANT, Identity, TenantAccess
+from gateway.tenants.identity import DEFAULT_TENANT, Identity, TenantAccess, key_id_of
 
 
 class Tenants:
@@ -31,7 +31,7 @@ class Tenants:
         self._access.setdefault(DEFAULT_TENANT, TenantAccess(DEFAULT_TENANT))
         self._static = {
             bytes.fromhex(key.sha256): Identity(
-                key.sha256[:12], name, frozenset(key.roles), key.rate_limits
+                key_id_of(bytes.fromhex(key.sha256)), name, frozenset(key.roles), key.rate_limits
             )
             for name, spec in policy.tenants.items()
             for key in spec.keys

@@ -68,6 +68,8 @@ def digest_of(token: bytes) -> bytes:
 
 
 def key_id_of(digest: bytes) -> str:
+    """A key's public id (in logs, `/admin/keys`, metrics): the first 12 hex digits of its
+    SHA-256, the same for a key from a file, the policy or Redis."""
     return digest.hex()[:12]
 
 

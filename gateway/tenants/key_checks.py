@@ -14,7 +14,7 @@ from pathlib import Path
 from gateway.policy import Policy
 from gateway.state.redis_client import RedisClient
 from gateway.tenants.directory import Tenants
-from gateway.tenants.identity import Identity, TenantAccess, digest_of
+from gateway.tenants.identity import Identity, TenantAccess, digest_of, key_id_of
 from gateway.tenants.key_file import FileKeyStore
 from gateway.tenants.stored_keys import CachedKeys, RedisKeys
 
@@ -63,7 +63,7 @@ class TenantKeys(_WatchedFile):
 
 class AdminKeys(_WatchedFile):
     def __init__(self, digests: set[bytes], file: FileKeyStore | None) -> None:
-        self._static = {d: Identity(d.hex()[:12], roles=ADMIN) for d in digests}
+        self._static = {d: Identity(key_id_of(d), roles=ADMIN) for d in digests}
         self._file = file
 
     def identify(self, token: bytes) -> Identity | None:

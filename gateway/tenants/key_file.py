@@ -10,12 +10,11 @@ request path; a Secret update (kubelet swaps a symlink) is picked up within that
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from pathlib import Path
 
 from gateway.periodic import Periodic
-from gateway.tenants.identity import Identity, digest_of
+from gateway.tenants.identity import Identity, digest_of, key_id_of
 
 log = logging.getLogger(__name__)
 
@@ -34,8 +33,8 @@ def parse_keys(text: str) -> dict[bytes, Identity]:
         if any(c.isspace() for c in key):  # not a bearer token; the line is not echoed
             log.warning("keys file line %d holds whitespace inside a key: ignored", number)
             continue
-        digest = hashlib.sha256(key.encode()).digest()
-        out[digest] = Identity(digest.hex()[:12])
+        digest = digest_of(key.encode())
+        out[digest] = Identity(key_id_of(digest))
     return out
 
 
