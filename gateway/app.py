@@ -217,7 +217,7 @@ def _install_error_handlers(app: FastAPI) -> None:
         assert isinstance(exc, GatewayError)
         record = getattr(request.state, "telemetry", None)
         if record is not None:
-            record.error_type = exc.code or exc.error_type
+            record.error_type = exc.label
         return error_response(exc, request_id=request_id(request), path=request.url.path)
 
     async def on_http_error(request: Request, exc: Exception) -> Response:
@@ -241,7 +241,7 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def on_unexpected(request: Request, exc: Exception) -> Response:
         # A bug, not the client's fault: log it whole, tell the client nothing internal.
         log.exception("unhandled error on %s %s", request.method, request.url.path)
-        error = GatewayError("The gateway hit an internal error; it has been logged.")
+        error = GatewayError.internal()
         return error_response(error, request_id=request_id(request), path=request.url.path)
 
     app.add_exception_handler(GatewayError, on_gateway_error)

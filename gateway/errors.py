@@ -60,6 +60,17 @@ class GatewayError(Exception):
         self.code = code if code is not None else self.default_code
         self.headers = headers or {}
 
+    @property
+    def label(self) -> str:
+        """What the request record, its metrics and spans call this error: its code, else
+        its type."""
+        return self.code or self.error_type
+
+    @classmethod
+    def internal(cls) -> GatewayError:
+        """What a client is told of a bug: nothing internal (the bug itself is logged)."""
+        return cls("The gateway hit an internal error; it has been logged.")
+
     def body(self) -> dict[str, Any]:
         return {
             "error": {

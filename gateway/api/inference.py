@@ -98,13 +98,13 @@ class ApiCalls:
                 served = await _call(runtime, endpoint, str(path), body, context, headers)
             response = render(served)
         except GatewayError as exc:
-            record.error_type = exc.code or exc.error_type
+            record.error_type = exc.label
             response = error_response(exc, request_id=request_id, path=path)
             forget_frames(exc)  # answered: nothing may keep the request alive through it
         except Exception:  # a bug: logged whole, the client told nothing internal
             log.exception("unhandled error on %s %s", scope["method"], path)
             record.error_type = "internal_error"
-            error = GatewayError("The gateway hit an internal error; it has been logged.")
+            error = GatewayError.internal()
             response = error_response(error, request_id=request_id, path=path)
         await response(scope, receive, send)
 

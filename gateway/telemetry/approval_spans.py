@@ -87,7 +87,7 @@ class DecisionRecord:
     def failed(self, exc: BaseException) -> None:
         """The decision was refused (a gateway error: its status and code) or broke."""
         if isinstance(exc, GatewayError):
-            self.status, self.error_type = exc.status, exc.code or exc.error_type
+            self.status, self.error_type = exc.status, exc.label
         else:
             self.status, self.error_type = 500, type(exc).__name__
 
