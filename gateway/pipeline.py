@@ -60,12 +60,6 @@ log = logging.getLogger(__name__)
 # client yet. An engine's 4xx is the client's to fix and is passed on instead.
 _CANNOT_ANSWER = (NoHealthyReplica, Overloaded, UpstreamError)
 
-_UPSTREAM_PATHS = {
-    Endpoint.chat: "/v1/chat/completions",
-    Endpoint.completions: "/v1/completions",
-    Endpoint.embeddings: "/v1/embeddings",
-}
-
 
 class Pipeline:
     def __init__(
@@ -448,7 +442,7 @@ class Pipeline:
         return await self._dispatcher.send(
             pool,
             request.model,
-            _UPSTREAM_PATHS[request.endpoint],
+            request.endpoint.path,
             request.body_for(pool.spec.served_model),
             headers,
             route,

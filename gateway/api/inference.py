@@ -41,11 +41,7 @@ from gateway.tenants.identity import access_of, identity_of
 
 log = logging.getLogger(__name__)
 
-_ENDPOINTS = {
-    "/v1/chat/completions": Endpoint.chat,
-    "/v1/completions": Endpoint.completions,
-    "/v1/embeddings": Endpoint.embeddings,
-}
+_ENDPOINTS = {endpoint.path: endpoint for endpoint in Endpoint}
 _RESPONSES = "/v1/responses"
 _INPUT_TOKENS = "/v1/responses/input_tokens"
 _COMPACT = "/v1/responses/compact"

@@ -290,7 +290,7 @@ class Fleet:
     def pool_for(self, alias: str, endpoint: Endpoint) -> Pool:
         pool = self.models.get(alias)
         if pool is None or not pool.serves(endpoint):
-            detail = "does not exist" if pool is None else f"does not serve /v1/{_path(endpoint)}"
+            detail = "does not exist" if pool is None else f"does not serve {endpoint.path}"
             raise UnservedModel(f"The model `{alias}` {detail}.", sorted(self.descriptions))
         return pool
 
@@ -306,7 +306,3 @@ class UnservedModel(ModelNotFound):
         listed = f" Available models: {', '.join(available)}." if available is not None else ""
         super().__init__(problem + listed, param="model")
         self.problem = problem
-
-
-def _path(endpoint: Endpoint) -> str:
-    return "chat/completions" if endpoint is Endpoint.chat else endpoint.value

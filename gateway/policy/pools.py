@@ -21,6 +21,12 @@ class Endpoint(StrEnum):
     completions = "completions"
     embeddings = "embeddings"
 
+    @property
+    def path(self) -> str:
+        """Its path in the OpenAI API: where clients call the gateway, and where the gateway
+        calls an engine (vLLM serves the same paths)."""
+        return "/v1/chat/completions" if self is Endpoint.chat else f"/v1/{self.value}"
+
 
 def _http_base_url(value: str) -> str:
     parts = urlsplit(value)
