@@ -196,7 +196,7 @@ def build_runtime(policy: Policy, services: Services, previous: Runtime | None =
     breakers = (
         previous.breakers
         if previous is not None and previous.policy.resilience.breaker == policy.resilience.breaker
-        else Breakers(policy, metrics)
+        else Breakers(policy.resilience.breaker, metrics)
     )
     router = (
         previous.router

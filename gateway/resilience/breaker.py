@@ -30,7 +30,6 @@ from collections.abc import Callable
 from typing import Final
 
 from gateway.fleet.replicas import Replica
-from gateway.policy import Policy
 from gateway.policy.resilience import BreakerSpec
 from gateway.telemetry.metrics import GatewayMetrics
 
@@ -144,8 +143,8 @@ class ReplicaBreaker:
 class Breakers:
     """One breaker per replica, made on first use."""
 
-    def __init__(self, policy: Policy, metrics: GatewayMetrics) -> None:
-        self._spec = policy.resilience.breaker
+    def __init__(self, spec: BreakerSpec, metrics: GatewayMetrics) -> None:
+        self._spec = spec
         self._metrics = metrics
         self._by_replica: dict[str, ReplicaBreaker] = {}
 

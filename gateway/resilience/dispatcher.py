@@ -159,7 +159,7 @@ class Dispatcher:
         self._router = router
         self._upstream = upstream
         self._metrics = metrics
-        self._breakers = breakers or Breakers(policy, metrics)
+        self._breakers = breakers or Breakers(policy.resilience.breaker, metrics)
         self._admission = Admission(
             policy,
             metrics,

@@ -43,7 +43,7 @@ import inspect
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from contextlib import ExitStack, contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -247,19 +247,21 @@ async def measure(
         for _ in range(requests):
             await one_request(app, body, lifespan_state)
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        plain = {
+            "wall_us_per_request": round(wall / requests * 1e6, 1),
+            "cpu_us_per_request": round(cpu / requests * 1e6, 1),
+        }
+        if not probes:
+            return {**plain, "steps": [], "gateway_own_us": None}
         timings = Timings()
-        with probed(timings) if probes else nullcontext():
+        with probed(timings):
             for _ in range(WARM_UP):
                 await one_request(app, body, lifespan_state, timings)
             timings.clear()
-            for _ in range(requests if probes else 0):
+            for _ in range(requests):
                 await one_request(app, body, lifespan_state, timings)
-    return {
-        "wall_us_per_request": round(wall / requests * 1e6, 1),
-        "cpu_us_per_request": round(cpu / requests * 1e6, 1),
-        "steps": (rows := steps(timings, requests)) if probes else [],
-        "gateway_own_us": round(gateway_own_us(rows), 1) if probes else None,
-    }
+    rows = steps(timings, requests)
+    return {**plain, "steps": rows, "gateway_own_us": round(gateway_own_us(rows), 1)}
 
 
 def steps(timings: Timings, requests: int) -> list[dict[str, Any]]:

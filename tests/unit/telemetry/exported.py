@@ -29,6 +29,8 @@ def exported_families() -> dict[str, str]:
     policy = parse_policy(_ONE_REPLICA)
     # Every engine figure defined, so every gauge family has a sample.
     stats = EngineStats(prefix_queries=1, spec_drafts=1, spec_draft_tokens=1)
-    view = FleetView(Fleet(policy), Breakers(policy, metrics), lambda url: stats, lambda r: 0)
+    view = FleetView(
+        Fleet(policy), Breakers(policy.resilience.breaker, metrics), lambda url: stats, lambda r: 0
+    )
     metrics.registry.register(view)
     return {family.name: family.type for family in metrics.registry.collect()}
