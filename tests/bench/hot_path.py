@@ -85,6 +85,7 @@ CANONICALIZE = "canonicalize"
 ROUTE_REQUEST = "route request (blocks, conversation)"
 DISPATCH = "dispatch"
 READ = "read the answer"
+FINISH = "telemetry finish (after the last byte)"
 # In request order, each under the step that calls it. A function imported by name into
 # another module is patched in that module, where its caller looks it up. What a step
 # spends outside its children is its own time ("own"); the own times add up to the whole.
@@ -124,8 +125,14 @@ PROBES = (
     Probe("tool-call deltas looked for", "gateway.toolcalls.stream_hold",
           "ToolCallHold.untouched", STREAM),
     Probe("events observed", "gateway.delivery.events", "EventSteps.observe", STREAM),
-    Probe("telemetry finish (after the last byte)", "gateway.telemetry.service",
-          "Telemetry.finish", EDGE),
+    Probe(FINISH, "gateway.telemetry.service", "Telemetry.finish", EDGE),
+    Probe("cached tokens expected", "gateway.telemetry.cache_expectation",
+          "CacheExpectation.observe", FINISH),
+    Probe("spend priced", "gateway.telemetry.prices", "Prices.spend", FINISH),
+    Probe("metrics", "gateway.telemetry.service", "Telemetry._count", FINISH),
+    Probe("live stats", "gateway.telemetry.live", "LiveStats.add", FINISH),
+    Probe("usage ledger", "gateway.telemetry.usage", "UsageBook.add", FINISH),
+    Probe("spans (sampled requests)", "gateway.telemetry.spans", "SpanWriter.write", FINISH),
 )
 # fmt: on
 
