@@ -207,6 +207,8 @@ bench-hot-path: $(STAMP)
 
 # What the gateway adds to a request beside a bare proxy and peer gateways (LiteLLM,
 # vllm-router, Portkey), all in front of one mock engine; peers in their own cached envs.
+# Ends with the tables docs/benchmarks/overhead.md shows, from the results file.
 bench: $(STAMP)
 	@bash tests/bench/overhead/peers-env.sh
 	@$(BIN)/python -m tests.bench.overhead.run
+	@$(BIN)/python -m tests.bench.overhead.summary

@@ -32,7 +32,7 @@ def test_the_overhead_page_shows_the_committed_results() -> None:
 
 
 def test_the_summary_marks_what_meets_its_target() -> None:
-    def entry(p50: float, rps: float) -> dict[str, float | None]:
+    def entry(p50: float, rps: float) -> dict[str, float]:
         return {"overhead_p50_ms": p50, "latency_p50_ms": p50, "rps": rps,
                 "cpu_ms_per_request": 0.1}  # fmt: skip
 

@@ -2,7 +2,8 @@
 
     .venv/bin/python -m tests.bench.overhead.run [--quick] [--rounds R] [--requests N]
         [--targets T,...] [--workers 1,2] [--workloads W,...] [--leak-requests 0]
-    (make bench: builds the peers' environments first, then about 17 minutes;
+    (make bench: builds the peers' environments first, then about 11 minutes, and prints
+     the overhead page's tables: tests/bench/overhead/summary.py;
      --quick: 1 round of 200 requests a run, about 3 minutes)
 
 Targets, each started fresh every round in front of the same mock engine (`mock_upstream`,
