@@ -78,19 +78,21 @@ def _ratio(
     return float(a[key]) / float(b[key])
 
 
+def _marked(value: float | None, bound: float, at_most: bool) -> str:
+    """A ratio to two places, bold when it meets its bound; "-" when the run lacks it."""
+    if value is None:
+        return "-"
+    met = value <= bound if at_most else value >= bound
+    return f"**{value:.2f}**" if met else f"{value:.2f}"
+
+
 def _targets(report: dict[str, Any]) -> list[str]:
     """The hot-path targets, each as the ratio the target states, whole / streamed."""
 
     def pair(check: Callable[[str], float | None], bound: float, at_most: bool) -> str:
-        shown = []
-        for workload in ("tau_whole", "tau_stream"):
-            value = check(workload)
-            if value is None:
-                shown.append("-")
-                continue
-            met = value <= bound if at_most else value >= bound
-            shown.append(f"**{value:.2f}**" if met else f"{value:.2f}")
-        return " / ".join(shown)
+        return " / ".join(
+            _marked(check(workload), bound, at_most) for workload in ("tau_whole", "tau_stream")
+        )
 
     def added(workload: str) -> float | None:
         return _ratio(report, workload, 1, "gateway", "passthrough", "overhead_p50_ms")
@@ -99,7 +101,7 @@ def _targets(report: dict[str, Any]) -> list[str]:
         return lambda workload: _ratio(report, workload, 32, over, under, "rps")
 
     long = _ratio(report, "long50k_whole", 1, "gateway", "passthrough", "overhead_p50_ms")
-    long_text = "-" if long is None else f"**{long:.2f}**" if long <= 3 else f"{long:.2f}"
+    long_text = _marked(long, 3.0, at_most=True)
     return [
         "| target | whole / streamed (bold: met) |",
         "|---|---|",
