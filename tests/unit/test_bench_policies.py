@@ -45,6 +45,14 @@ def test_overhead_bench_policy_loads() -> None:
     assert policy.telemetry.traces.sample_ratio == 0.1
 
 
+def test_overhead_bench_policy_takes_the_sharing_under_test() -> None:
+    # `--sharing`: what sharing costs is measured with it off, or with another interval.
+    off = overhead_targets.gateway_policy(ENGINE, SINK, REDIS, "{enabled: false}")
+    assert parse_policy(off, source="overhead").routing.sharing.enabled is False
+    slower = overhead_targets.gateway_policy(ENGINE, SINK, REDIS, "{flush_ms: 30}")
+    assert parse_policy(slower, source="overhead").routing.sharing.flush_ms == 30
+
+
 @pytest.mark.parametrize("ratio", list(telemetry_overhead.SETTINGS.values()))
 def test_telemetry_bench_policies_load(ratio: float | None, tmp_path: Path) -> None:
     text = telemetry_overhead.policy_text(ENGINE, REDIS, SINK, ratio, tmp_path / "log.jsonl")

@@ -2,6 +2,7 @@
 
     .venv/bin/python -m tests.bench.overhead.run [--quick] [--rounds R] [--requests N]
         [--targets T,...] [--workers 1,2] [--workloads W,...] [--leak-requests 0]
+        [--sharing '{enabled: false}']
     (make bench: builds the peers' environments first, then about 11 minutes, and prints
      the overhead page's tables: tests/bench/overhead/summary.py;
      --quick: 1 round of 200 requests a run, about 3 minutes)
@@ -171,7 +172,9 @@ def measure_round(
             if service_ms and not slow:
                 continue
             try:
-                with running(name, mocks[service_ms], work, sink, args.redis_url) as target:
+                with running(
+                    name, mocks[service_ms], work, sink, args.redis_url, args.sharing
+                ) as target:
                     warm_up(target, bodies, args.warmup)
                     for workload in workloads:
                         for c in workload.concurrencies:
@@ -222,7 +225,7 @@ def leak_check(
     samples: list[float] = []
     errors = 0
     start = time.monotonic()
-    with running("gateway", mock, work, sink, args.redis_url) as target:
+    with running("gateway", mock, work, sink, args.redis_url, args.sharing) as target:
         for i in range(LEAK_SAMPLES):
             result = loadgen(
                 target, body, concurrency=32, requests=chunk, stream=False, warmup=0 if i else None
@@ -465,6 +468,11 @@ def main() -> None:
         help="comma-separated subset of the workloads",
     )
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
+    parser.add_argument(
+        "--sharing",
+        help="the gateways' routing.sharing, a YAML flow mapping (e.g. '{enabled: false}', "
+        "'{flush_ms: 30}'); default: the policy's",
+    )
     parser.add_argument("--out", default=str(ROOT / "tests/bench/results/overhead.json"))
     args = parser.parse_args()
     args.rounds = args.rounds or (1 if args.quick else 3)
@@ -510,6 +518,7 @@ def main() -> None:
         "note": "load generator, mock engine and target share the machine's cores",
         "rounds": args.rounds,
         "targets": args.targets,
+        "gateway_sharing": args.sharing,
         "requests_per_run": args.requests,
         "unit": "ms unless named otherwise; client-side; medians over rounds",
         "peer_versions": peer_versions(),

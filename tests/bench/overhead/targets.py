@@ -229,8 +229,11 @@ def missing_peer(name: str) -> str | None:
 
 
 @contextmanager
-def running(name: str, mock: Mock, work: Path, sink: str, redis_url: str) -> Iterator[Running]:
-    """Starts target `name` in front of `mock`; stops it on exit."""
+def running(
+    name: str, mock: Mock, work: Path, sink: str, redis_url: str, sharing: str | None = None
+) -> Iterator[Running]:
+    """Starts target `name` in front of `mock`; stops it on exit. `sharing`: the gateways'
+    `routing.sharing` as a YAML flow mapping (None: the policy's defaults)."""
     if name == "direct":
         yield Running(name, mock.url, MOCK_MODEL, mock.process)
         return
@@ -249,7 +252,7 @@ def running(name: str, mock: Mock, work: Path, sink: str, redis_url: str) -> Ite
         process = spawn(name, command, log, f"{base}/health", env=OUR_PYTHON)
     elif (workers := gateway_workers(name)) is not None:
         policy = work / f"{tag}-policy.yaml"
-        policy.write_text(gateway_policy(mock.url, sink, redis_url))
+        policy.write_text(gateway_policy(mock.url, sink, redis_url, sharing))
         command = [sys.executable, "-m", "gateway", "serve", "--policy", str(policy),
                    "--port", str(port), "--workers", str(workers)]  # fmt: skip
         process = spawn(name, command, log, f"{base}/readyz", env=OUR_PYTHON, cwd=ROOT)
@@ -290,16 +293,18 @@ def running(name: str, mock: Mock, work: Path, sink: str, redis_url: str) -> Ite
         process.stop()
 
 
-def gateway_policy(upstream: str, sink: str, redis_url: str) -> str:
+def gateway_policy(upstream: str, sink: str, redis_url: str, sharing: str | None = None) -> str:
     """One pool, the mock its replica, every default on (canonicalization, cache-aware
     routing, breaker, retries, metrics, usage ledger, tracing at the default 0.1 sampling
     to a local OTLP sink). One change: admission's in-flight cap per replica (default 64)
     is raised to 256, or half the requests at concurrency 128 would get a fast 429 and
-    flatter the figures; the mock, unlike an engine, is never full."""
+    flatter the figures; the mock, unlike an engine, is never full. `sharing`, when given,
+    is written as `routing.sharing` (what sharing costs: `--sharing '{enabled: false}'`)."""
+    routing = f"routing: {{sharing: {sharing}}}\n" if sharing else ""
     return f"""\
 version: 1
 state: {{redis_url: "{redis_url}"}}
-telemetry:
+{routing}telemetry:
   traces: {{endpoint: "{sink}", sample_ratio: 0.1}}
 resilience:
   admission: {{max_inflight_per_replica: 256}}

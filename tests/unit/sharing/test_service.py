@@ -1,7 +1,7 @@
 """Two gateways' routers in one process, sharing through the real Redis: what one
 dispatches, the other learns after a flush; a gateway ignores its own entries; in-flight
 counts cross over; with Redis gone nothing raises, the metric says 0, and sharing resumes
-when Redis is back."""
+when Redis is back; on a Redis Cluster, pools on different nodes share alike."""
 
 from __future__ import annotations
 
@@ -29,8 +29,10 @@ from gateway.routing.router import CacheAwareRouter
 from gateway.sharing.publishing import PublishingRouter
 from gateway.sharing.service import RoutingShare
 from gateway.state.keys import routing_key
+from gateway.state.redis_client import GatedRedisCluster, RedisClient
 from gateway.state.store import redis_server_binary
 from gateway.telemetry.metrics import GatewayMetrics
+from tests.integration.test_redis_cluster import LocalCluster, _start_cluster
 
 PREFIX = tuple(range(1000, 1040))  # 40 blocks
 
@@ -83,7 +85,7 @@ class Gateway:
         return self.metrics.registry.get_sample_value("gateway_routing_sharing_up")
 
 
-def gateway(redis: aioredis.Redis, policy: Policy, name: str) -> Gateway:
+def gateway(redis: RedisClient, policy: Policy, name: str) -> Gateway:
     fleet = Fleet(policy)
     router = build_router(policy.routing, time.monotonic)
     assert isinstance(router, CacheAwareRouter)
@@ -128,7 +130,7 @@ async def sharing(redis_url: str, pool: str) -> AsyncIterator[tuple[Gateway, Gat
     a, b = gateway(redis, policy, "gw-a"), gateway(redis, policy, "gw-b")
     try:
         async with started(a, b):
-            await asyncio.sleep(0.05)  # both followers stand at the stream's end
+            await asyncio.sleep(0.05)  # both have read where the stream ends
             yield a, b
     finally:
         await redis.delete(routing_key(pool, "placements"), routing_key(pool, "inflight"))
@@ -309,3 +311,57 @@ def test_a_gateway_alone_writes_no_placements_until_another_appears(
             await redis.aclose()
 
     run(scenario)
+
+
+def pools_on_two_nodes(cluster: LocalCluster) -> tuple[str, str]:
+    """Two pool names whose routing keys (one slot per pool: its tag) live on two nodes."""
+    first = f"p{uuid.uuid4().hex[:10]}"
+    owner = cluster.owner(routing_key(first, "placements"))
+    while True:
+        second = f"p{uuid.uuid4().hex[:10]}"
+        if cluster.owner(routing_key(second, "placements")) != owner:
+            return first, second
+
+
+def test_placements_cross_over_on_a_redis_cluster(tmp_path: Path) -> None:
+    """On a Redis Cluster each pool's stream and in-flight hash share the pool's slot, so
+    a round's writes and reads for a pool go to the node that owns it, whichever it is."""
+    cluster = _start_cluster(tmp_path)
+    pools = pools_on_two_nodes(cluster)
+    replicas = '[{url: "http://10.0.0.1:8000"}, {url: "http://10.0.0.2:8000"}]'
+    policy = parse_policy(
+        "version: 1\npools:\n"
+        + "".join(f"  {p}: {{served_model: m, replicas: {replicas}}}\n" for p in pools)
+        + "models:\n"
+        + "".join(f"  m{i}: {{pool: {p}}}\n" for i, p in enumerate(pools))
+        + "routing: {implicit_sessions: false, shared_opening_conversations: 0, "
+        "sharing: {flush_ms: 5}}\n"
+    )
+
+    async def scenario() -> None:
+        client = GatedRedisCluster.from_url(cluster.url, max_connections=8)
+        await client.initialize()  # the slots mapped first, as a serving gateway has them
+        a, b = gateway(client, policy, "gw-a"), gateway(client, policy, "gw-b")
+        try:
+            async with started(a, b):
+                await asyncio.sleep(0.05)  # both have read where the streams end
+                for name in pools:
+                    first, second = a.fleet.pools[name].replicas
+                    request = RouteRequest(PREFIX)
+                    choice = a.publishing.choose([first, second], request, frozenset({first}))
+                    assert choice is not None and choice.replica is second
+                    a.publishing.dispatched(choice, request)
+                await until(lambda: b.counted("applied") == 2)
+                for name in pools:
+                    listed = b.fleet.pools[name].replicas
+                    choice = b.publishing.choose(listed, RouteRequest(PREFIX))
+                    assert choice is not None
+                    assert (choice.replica.id, choice.reason) == (listed[1].id, "prefix")
+                assert a.up() == b.up() == 1.0
+        finally:
+            await client.aclose()
+
+    try:
+        run(scenario)
+    finally:
+        cluster.stop()
