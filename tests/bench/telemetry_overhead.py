@@ -32,6 +32,7 @@ import httpx
 
 from engine.supervisor import free_port
 from gateway.offline.replay.sim import percentile
+from tests.bench.overhead.targets import reaper
 from tests.bench.report import write_report
 from tests.fault.harness import ROOT, running_upstreams
 
@@ -51,7 +52,8 @@ http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Sink).serve_for
 @contextmanager
 def otlp_sink() -> Iterator[str]:
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-c", _SINK, str(port)])
+    proc = subprocess.Popen([sys.executable, "-c", _SINK, str(port)], start_new_session=True)
+    reaper().hold(proc.pid)  # gone with the benchmark, however it ends
     try:
         deadline = time.monotonic() + 10
         while True:
@@ -66,6 +68,7 @@ def otlp_sink() -> Iterator[str]:
     finally:
         proc.terminate()
         proc.wait(timeout=5)
+        reaper().release(proc.pid)
 
 
 def policy_text(upstream: str, redis_url: str, sink: str, ratio: float | None, log: Path) -> str:

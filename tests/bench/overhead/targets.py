@@ -2,11 +2,15 @@
 
 Each runs in its own process group (`start_new_session`), so stopping one ends its workers
 too and nothing else; a target that fails to start raises `TargetUnavailable` with the end
-of its log, and the benchmark goes on without it.
+of its log, and the benchmark goes on without it. Each group is also held by a reaper
+(engine/lifeline.py) until it is stopped, so that none outlives a benchmark ended by
+SIGTERM or SIGKILL, which run no `finally`.
 """
 
 from __future__ import annotations
 
+import atexit
+import functools
 import os
 import signal
 import subprocess
@@ -19,6 +23,7 @@ from pathlib import Path
 
 import httpx
 
+from engine.lifeline import Lifeline
 from engine.supervisor import free_port
 from tests.fault.harness import ROOT
 
@@ -64,16 +69,17 @@ class Process:
     log: Path
 
     def stop(self) -> None:
-        if self.proc.poll() is not None:
-            return
         try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout=15)
+            if self.proc.poll() is None:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(timeout=15)
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=5)
         except ProcessLookupError:
             pass
+        finally:
+            reaper().release(self.proc.pid)
 
     def peak_rss_mb(self) -> float:
         """VmHWM of the process and every descendant, summed (an upper bound when the
@@ -125,6 +131,15 @@ def _sum_status(pid: int, field_name: str) -> float:
     return round(total_kb / 1024, 1)
 
 
+@functools.cache
+def reaper() -> Lifeline:
+    """This process's reaper, started with the first server it holds and closed at a
+    normal exit (when it holds nothing)."""
+    lifeline = Lifeline.start()
+    atexit.register(lifeline.close)
+    return lifeline
+
+
 def spawn(
     name: str,
     command: list[str],
@@ -147,6 +162,7 @@ def spawn(
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
+    reaper().hold(proc.pid)  # its group: the leader's pid
     process = Process(name, proc, log)
     deadline = time.monotonic() + timeout_s
     while True:

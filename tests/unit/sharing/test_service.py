@@ -130,7 +130,7 @@ async def sharing(redis_url: str, pool: str) -> AsyncIterator[tuple[Gateway, Gat
     a, b = gateway(redis, policy, "gw-a"), gateway(redis, policy, "gw-b")
     try:
         async with started(a, b):
-            await asyncio.sleep(0.05)  # both have read where the stream ends
+            await asyncio.sleep(0.05)  # both followers stand at the stream's end
             yield a, b
     finally:
         await redis.delete(routing_key(pool, "placements"), routing_key(pool, "inflight"))
@@ -324,8 +324,8 @@ def pools_on_two_nodes(cluster: LocalCluster) -> tuple[str, str]:
 
 
 def test_placements_cross_over_on_a_redis_cluster(tmp_path: Path) -> None:
-    """On a Redis Cluster each pool's stream and in-flight hash share the pool's slot, so
-    a round's writes and reads for a pool go to the node that owns it, whichever it is."""
+    """On a Redis Cluster each pool's stream and in-flight hash share the pool's slot: a
+    pool's placements are written and followed on the node that owns it, whichever it is."""
     cluster = _start_cluster(tmp_path)
     pools = pools_on_two_nodes(cluster)
     replicas = '[{url: "http://10.0.0.1:8000"}, {url: "http://10.0.0.2:8000"}]'
@@ -344,7 +344,7 @@ def test_placements_cross_over_on_a_redis_cluster(tmp_path: Path) -> None:
         a, b = gateway(client, policy, "gw-a"), gateway(client, policy, "gw-b")
         try:
             async with started(a, b):
-                await asyncio.sleep(0.05)  # both have read where the streams end
+                await asyncio.sleep(0.2)  # both followers stand at the streams' end
                 for name in pools:
                     first, second = a.fleet.pools[name].replicas
                     request = RouteRequest(PREFIX)
