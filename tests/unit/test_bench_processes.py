@@ -12,6 +12,7 @@ from pathlib import Path
 
 from engine.lifeline import GRACE_S
 from tests.fault.harness import ROOT
+from tests.unit.edge.test_workers import alive  # a zombie, an orphan not reaped yet, is not
 
 BENCH = """
 import pathlib, sys
@@ -20,15 +21,6 @@ mock = start_mock(0.0, pathlib.Path(sys.argv[1]))
 print(mock.process.proc.pid, flush=True)
 sys.stdin.read()  # until it is killed
 """
-
-
-def running(pid: int) -> bool:
-    """Alive and not a zombie (whoever reaps orphans here may take its time)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state != "Z"
 
 
 def test_a_killed_benchmark_leaves_no_server_behind(tmp_path: Path) -> None:
@@ -42,11 +34,11 @@ def test_a_killed_benchmark_leaves_no_server_behind(tmp_path: Path) -> None:
     try:
         assert bench.stdout is not None
         mock = int(bench.stdout.readline())
-        assert running(mock)
+        assert alive(mock)
         bench.kill()
         bench.wait()
         deadline = time.monotonic() + GRACE_S + 5
-        while running(mock):
+        while alive(mock):
             assert time.monotonic() < deadline, "the mock engine outlived its benchmark"
             time.sleep(0.05)
     finally:
