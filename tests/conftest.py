@@ -91,6 +91,7 @@ PROCESS_STARTERS: dict[str, frozenset[str]] = {
     "engine.supervisor.up": frozenset({"process"}),  # engine replicas
     "tests.integration.test_redis_cluster._start_cluster": frozenset({"process", "redis"}),
     "gateway.state.store.EmbeddedRedis": frozenset({"process", "redis"}),
+    "tests.lifetimes.started_parent": frozenset({"process"}),  # a parent to kill
 }
 # Fixtures whose needs are stated rather than found: `redis_url` starts a redis-server only
 # where no Redis answers, which is what `redis` already says.
@@ -99,6 +100,12 @@ FIXTURE_NEEDS: dict[str, frozenset[str]] = {"redis_url": frozenset({"redis"})}
 # redis_url starts an embedded redis-server.
 STARTS_PROCESS_UNSEEN: dict[str, frozenset[str]] = {
     "tests/unit/state/test_state_store.py::test_embedded_store_is_durable_across_restarts": (
+        frozenset({"process", "redis"})
+    ),
+    "tests/unit/state/test_state_store.py::test_a_second_gateway_on_a_served_state_directory_is_refused": (
+        frozenset({"process", "redis"})
+    ),
+    "tests/unit/state/test_state_store.py::test_the_embedded_server_dies_with_its_gateway_even_by_sigkill": (
         frozenset({"process", "redis"})
     ),
 }

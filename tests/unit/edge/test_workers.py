@@ -23,6 +23,7 @@ import pytest
 
 from engine.supervisor import free_port
 from tests.fault.harness import ROOT, FaultUpstream, metric, running_upstreams
+from tests.lifetimes import alive
 from tests.policies import with_redis
 
 WORKERS = 2
@@ -80,14 +81,6 @@ def children(pid: int) -> set[int]:
         if int(fields[1]) == pid and fields[0] != "Z":
             found.add(int(stat.parent.name))
     return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state != "Z"
 
 
 def wait_for(condition: object, what: str, timeout_s: float = 60.0) -> None:

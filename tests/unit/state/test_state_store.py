@@ -4,6 +4,7 @@ tests/integration/test_redis_cluster.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
@@ -19,11 +20,13 @@ from gateway.prompt.prefix_watch import RedisFingerprints
 from gateway.resilience.response_cache import RedisResponseCache
 from gateway.responses.records import RedisResponseRecords
 from gateway.sessions.ids import SessionRef
+from gateway.state import store as store_module
 from gateway.state.keys import answer_key, response_key, session_key, session_tier_key
 from gateway.state.redis_client import ClusterUnavailable
 from gateway.state.store import StateStore
 from gateway.telemetry.usage import MemoryUsageLedger, UsageBook, UsageKey, UsageNotWritten
 from gateway.tiering.stickiness import RedisSessionTiers
+from tests.lifetimes import kill_and_wait_gone, started_parent
 
 
 async def test_redis_url_store_talks_to_real_redis(redis_url: str) -> None:
@@ -54,6 +57,59 @@ async def test_embedded_store_is_durable_across_restarts(tmp_path: Path) -> None
         assert "embedded" in second.description
     finally:
         await second.close()
+
+
+KILLED_GATEWAY = """
+import asyncio, sys
+from gateway.policy.sessions import StateSpec
+from gateway.state import store as store_module
+from gateway.state.store import StateStore
+
+async def main() -> None:
+    store = StateStore(StateSpec(embedded_dir=sys.argv[1]))
+    await store.open()
+    await store.redis.set("session:1", "written before the kill")
+    print(store._embedded._process.pid, flush=True)
+    await asyncio.sleep(3600)  # until it is killed
+
+asyncio.run(main())
+"""
+
+
+def test_the_embedded_server_dies_with_its_gateway_even_by_sigkill(tmp_path: Path) -> None:
+    """A gateway killed by SIGKILL (or the OOM killer) runs no cleanup: its redis-server
+    gets SIGTERM from the kernel, flushes the append-only file and exits, so nothing holds
+    the state directory and what was written is there for the next gateway."""
+    directory = tmp_path / "state"
+    gateway, server = started_parent(KILLED_GATEWAY, str(directory))
+    kill_and_wait_gone(gateway, server, timeout_s=10)
+
+    async def reopened() -> None:
+        store = StateStore(StateSpec(embedded_dir=str(directory)))
+        await store.open()
+        try:
+            assert store.redis is not None
+            assert await store.redis.get("session:1") == b"written before the kill"
+        finally:
+            await store.close()
+
+    asyncio.run(reopened())
+
+
+async def test_a_second_gateway_on_a_served_state_directory_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two redis-servers on one directory would both write its append-only file."""
+    monkeypatch.setattr(store_module, "_CLAIM_TRIES", 3)  # not the 5 s a dying server gets
+    spec = StateSpec(embedded_dir=str(tmp_path / "state"))
+    first = StateStore(spec)
+    await first.open()
+    try:
+        with pytest.raises(RuntimeError, match="another gateway runs on the state directory"):
+            await StateStore(spec).open()
+        assert first.redis is not None and await first.redis.ping()
+    finally:
+        await first.close()
 
 
 async def test_unreachable_store_pings_false() -> None:

@@ -1,0 +1,1 @@
+"""How long the processes the gateway starts live: never longer than the gateway."""
