@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from openai import OpenAI
 
+from engine.lifeline import Lifeline
 from engine.supervisor import ROOT, free_port
 
 pytestmark = pytest.mark.engine
@@ -26,17 +27,22 @@ def replicas(run_dir: Path) -> list[dict[str, Any]]:
     return state["replicas"]
 
 
-def test_stack_serves_through_real_vllm_and_stops_on_ctrl_c(tmp_path: Path) -> None:
+def test_stack_serves_through_real_vllm_and_stops_on_ctrl_c(
+    tmp_path: Path, engine_lifeline: Lifeline
+) -> None:
     port = free_port()
     env = {**os.environ, "ENGINE_RUN_DIR": str(tmp_path), "GATEWAY_PORT": str(port)}
     for name in ("REDIS_URL", "ENGINE_STATE", "GATEWAY_POLICY"):
         env.pop(name, None)  # the defaults `make run` uses on a fresh machine
     log = tmp_path / "stack.log"
     with log.open("w") as out:
+        # Its own process group, held by the suite's reaper: a killed pytest leaves no
+        # stack behind.
         stack = subprocess.Popen(
             [sys.executable, "-m", "engine", "stack"], cwd=ROOT, env=env,
-            stdout=out, stderr=subprocess.STDOUT, text=True,
+            stdout=out, stderr=subprocess.STDOUT, text=True, start_new_session=True,
         )  # fmt: skip
+    engine_lifeline.hold(stack.pid)
     try:
         deadline = time.monotonic() + 900
         while "Gateway ready" not in log.read_text():
@@ -80,6 +86,7 @@ def test_stack_serves_through_real_vllm_and_stops_on_ctrl_c(tmp_path: Path) -> N
     finally:
         stack.send_signal(signal.SIGINT)
         code = stack.wait(timeout=120)
+        engine_lifeline.release(stack.pid)
     assert code == 0, log.read_text()
     assert json.loads((tmp_path / "engine-state.json").read_text())["replicas"] == []
     for pid in pids:

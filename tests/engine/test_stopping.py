@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.lifeline import GRACE_S
+from engine.lifeline import GRACE_S, Lifeline
 from engine.profiles import SERVER_MODULE
 from engine.supervisor import ROOT, free_port
 
@@ -121,7 +121,11 @@ class Stack:
 
 
 @contextlib.contextmanager
-def stack(tmp_path: Path, *, stand_in: bool, piped: bool = False, **knobs: str) -> Iterator[Stack]:
+def stack(
+    tmp_path: Path, lifeline: Lifeline, *, stand_in: bool, piped: bool = False, **knobs: str
+) -> Iterator[Stack]:
+    """`make run`'s stack, its own process group as a terminal's foreground job, held by the
+    suite's reaper too: a killed pytest leaves no stack behind."""
     env = {**os.environ, "ENGINE_RUN_DIR": str(tmp_path), "GATEWAY_PORT": str(free_port())}
     for name in ("REDIS_URL", "ENGINE_STATE", "GATEWAY_POLICY", "ENGINE_PYTHON"):
         env.pop(name, None)  # the defaults `make run` uses on a fresh machine
@@ -138,11 +142,13 @@ def stack(tmp_path: Path, *, stand_in: bool, piped: bool = False, **knobs: str) 
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE if piped else out, stderr=out,
             start_new_session=True,  # its own process group, as a terminal's foreground job
         )  # fmt: skip
+    lifeline.hold(process.pid)
     running = Stack(process, log)
     try:
         yield running
     finally:
         running.stop_everything()
+        lifeline.release(process.pid)
 
 
 def assert_stopped_cleanly(running: Stack, code: int) -> None:
@@ -154,8 +160,10 @@ def assert_stopped_cleanly(running: Stack, code: int) -> None:
     assert "gateway: stopped" in printed and printed.rstrip().endswith("engine: stopped"), printed
 
 
-def test_ctrl_c_stops_every_process_without_a_traceback(tmp_path: Path) -> None:
-    with stack(tmp_path, stand_in=True) as running:
+def test_ctrl_c_stops_every_process_without_a_traceback(
+    tmp_path: Path, engine_lifeline: Lifeline
+) -> None:
+    with stack(tmp_path, engine_lifeline, stand_in=True) as running:
         running.wait_ready(timeout_s=120)
         assert len(running.tree) >= 3 * 3 + 1  # 3 replicas of 3 processes each, the gateway
         os.killpg(running.process.pid, signal.SIGINT)
@@ -163,17 +171,19 @@ def test_ctrl_c_stops_every_process_without_a_traceback(tmp_path: Path) -> None:
         assert_stopped_cleanly(running, code)
 
 
-def test_sigterm_stops_every_process(tmp_path: Path) -> None:
-    with stack(tmp_path, stand_in=True) as running:
+def test_sigterm_stops_every_process(tmp_path: Path, engine_lifeline: Lifeline) -> None:
+    with stack(tmp_path, engine_lifeline, stand_in=True) as running:
         running.wait_ready(timeout_s=120)
         running.process.send_signal(signal.SIGTERM)
         code = running.process.wait(timeout=60)
         assert_stopped_cleanly(running, code)
 
 
-def test_ctrl_c_with_stdout_closed_still_stops_every_process(tmp_path: Path) -> None:
+def test_ctrl_c_with_stdout_closed_still_stops_every_process(
+    tmp_path: Path, engine_lifeline: Lifeline
+) -> None:
     """`make run | tee run.log`, then Ctrl-C: tee is gone before the stack says anything."""
-    with stack(tmp_path, stand_in=True, piped=True) as running:
+    with stack(tmp_path, engine_lifeline, stand_in=True, piped=True) as running:
         running.wait_ready(timeout_s=120)
         assert running.process.stdout is not None
         running.process.stdout.close()
@@ -187,9 +197,13 @@ def test_ctrl_c_with_stdout_closed_still_stops_every_process(tmp_path: Path) -> 
 
 
 @pytest.mark.engine
-def test_sigkill_of_the_stack_takes_real_vllm_with_it(tmp_path: Path) -> None:
+def test_sigkill_of_the_stack_takes_real_vllm_with_it(
+    tmp_path: Path, engine_lifeline: Lifeline
+) -> None:
     """The stack cannot stop anything itself here: its reaper does (engine/lifeline.py)."""
-    with stack(tmp_path, stand_in=False, ENGINE_REPLICAS="1", ENGINE_EMBED_PROFILE="") as running:
+    with stack(
+        tmp_path, engine_lifeline, stand_in=False, ENGINE_REPLICAS="1", ENGINE_EMBED_PROFILE=""
+    ) as running:
         running.wait_ready(timeout_s=900)
         [api_server] = [p for p in running.tree if SERVER_MODULE in "".join(command_lines([p]))]
         replica = [pid for pid in running.tree if os.getpgid(pid) == api_server]
