@@ -88,8 +88,8 @@ def create_app(
         # The clients are created here: they bind to the running loop. A test's own
         # upstream comes without health checks or /metrics scraping (nothing to poll).
         client = upstream if upstream is not None else Http1Upstream()
+        await state.open()  # first: a store that cannot open leaves no session unclosed
         probes = probe_session() if upstream is None and health_checks else None
-        await state.open()
         assert state.redis is not None
         if keys is not None:
             keys.attach(state.redis)  # keys created at run time
