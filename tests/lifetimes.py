@@ -4,13 +4,28 @@ children."""
 
 from __future__ import annotations
 
+import atexit
+import functools
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from engine.lifeline import Lifeline
+
 ROOT = Path(__file__).resolve().parent.parent
+
+
+@functools.cache
+def suite_reaper() -> Lifeline:
+    """This process's reaper for the servers tests and benchmarks start (engine/lifeline.py):
+    each is started in a process group of its own and held from its start until it is
+    stopped, and whatever is still held when this process ends, however it ends, is
+    stopped. Started with the first server it holds; closed at a normal exit."""
+    lifeline = Lifeline.start()
+    atexit.register(lifeline.close)
+    return lifeline
 
 
 def alive(pid: int) -> bool:

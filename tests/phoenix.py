@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.supervisor import free_port
+from tests.lifetimes import suite_reaper
 
 ROOT = Path(__file__).resolve().parent.parent
 PHOENIX = ROOT / ".venv-phoenix" / "bin" / "phoenix"
@@ -79,6 +80,7 @@ def running_phoenix(work_dir: Path) -> Iterator[str]:
             [str(PHOENIX), "serve"], cwd=work_dir, env=env,
             stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
+    suite_reaper().hold(proc.pid)  # gone with pytest, however it ends
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
@@ -96,6 +98,7 @@ def running_phoenix(work_dir: Path) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        suite_reaper().release(proc.pid)
 
 
 def _tail(log: Path, lines: int = 30) -> str:

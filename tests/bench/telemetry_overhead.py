@@ -32,9 +32,9 @@ import httpx
 
 from engine.supervisor import free_port
 from gateway.offline.replay.sim import percentile
-from tests.bench.overhead.targets import reaper
 from tests.bench.report import write_report
 from tests.fault.harness import ROOT, running_upstreams
+from tests.lifetimes import suite_reaper
 
 SETTINGS = {"traces off": None, "sampled 0.1 (default)": 0.1, "every request traced": 1.0}
 
@@ -53,7 +53,7 @@ http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Sink).serve_for
 def otlp_sink() -> Iterator[str]:
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-c", _SINK, str(port)], start_new_session=True)
-    reaper().hold(proc.pid)  # gone with the benchmark, however it ends
+    suite_reaper().hold(proc.pid)  # gone with the benchmark, however it ends
     try:
         deadline = time.monotonic() + 10
         while True:
@@ -68,7 +68,7 @@ def otlp_sink() -> Iterator[str]:
     finally:
         proc.terminate()
         proc.wait(timeout=5)
-        reaper().release(proc.pid)
+        suite_reaper().release(proc.pid)
 
 
 def policy_text(upstream: str, redis_url: str, sink: str, ratio: float | None, log: Path) -> str:

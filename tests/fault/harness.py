@@ -20,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from engine.supervisor import free_port
 from gateway.fleet.replicas import Replica
+from tests.lifetimes import suite_reaper
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -56,7 +57,9 @@ class FaultUpstream:
                 env={**os.environ, "PYTHONPATH": str(ROOT)},
                 stdout=out,
                 stderr=subprocess.STDOUT,
+                start_new_session=True,  # held by the suite's reaper: gone with pytest
             )  # fmt: skip
+        suite_reaper().hold(self.proc.pid)
         deadline = time.monotonic() + timeout_s
         while True:
             if self.proc.poll() is not None:
@@ -76,15 +79,22 @@ class FaultUpstream:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(timeout=10)
+        self._released()
 
     def stop(self) -> None:
         if self.proc is None or self.proc.poll() is not None:
+            self._released()
             return
         self.proc.terminate()
         try:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             self.kill()
+        self._released()
+
+    def _released(self) -> None:
+        if self.proc is not None:
+            suite_reaper().release(self.proc.pid)
 
     def fault(self, mode: str, **params: Any) -> None:
         """Sets the fault of the next `count` chat requests (all of them without count)."""

@@ -28,6 +28,7 @@ from engine.lifeline import Lifeline
 from engine.profiles import load_profile
 from engine.state import ReplicaRecord
 from engine.supervisor import ROOT, Launch, Paths, down, free_port, up
+from tests.lifetimes import suite_reaper
 
 
 @dataclass(frozen=True)
@@ -140,7 +141,9 @@ def running_gateway(policy: Path, log: Path, port: int | None = None) -> Iterato
             cwd=ROOT,
             stdout=out,
             stderr=subprocess.STDOUT,
+            start_new_session=True,  # held by the suite's reaper: gone with pytest
         )  # fmt: skip
+    suite_reaper().hold(proc.pid)
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
@@ -165,6 +168,8 @@ def running_gateway(policy: Path, log: Path, port: int | None = None) -> Iterato
             proc.kill()
             proc.wait()
             raise
+        finally:
+            suite_reaper().release(proc.pid)
 
 
 def refused_as_invalid(exc: openai.APIStatusError) -> None:

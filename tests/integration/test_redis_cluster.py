@@ -35,6 +35,7 @@ from gateway.state.redis_client import GatedRedisCluster
 from gateway.state.store import StateStore
 from gateway.telemetry.usage import RedisUsageLedger, UsageBook, UsageNotWritten
 from tests.fakes import Call, FakeUpstream, Scripted
+from tests.lifetimes import suite_reaper
 
 REDIS_SERVER = shutil.which("redis-server")
 REDIS_CLI = shutil.which("redis-cli")
@@ -77,7 +78,11 @@ class LocalCluster:
             "--save", "", "--appendonly", "no", "--dir", str(home),
             "--logfile", str(home / "redis.log"),
         ]  # fmt: skip
-        self.processes[port] = subprocess.Popen(args, stdout=subprocess.DEVNULL)
+        # Its own process group, held by the suite's reaper: gone with pytest, however it ends.
+        self.processes[port] = subprocess.Popen(
+            args, stdout=subprocess.DEVNULL, start_new_session=True
+        )
+        suite_reaper().hold(self.processes[port].pid)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             try:
@@ -94,6 +99,7 @@ class LocalCluster:
         process = self.processes.pop(port)
         process.terminate()
         process.wait(timeout=10)
+        suite_reaper().release(process.pid)
 
     def create(self) -> None:
         for port in self.ports:

@@ -2,15 +2,13 @@
 
 Each runs in its own process group (`start_new_session`), so stopping one ends its workers
 too and nothing else; a target that fails to start raises `TargetUnavailable` with the end
-of its log, and the benchmark goes on without it. Each group is also held by a reaper
-(engine/lifeline.py) until it is stopped, so that none outlives a benchmark ended by
-SIGTERM or SIGKILL, which run no `finally`.
+of its log, and the benchmark goes on without it. Each group is also held by the process's
+reaper (`tests.lifetimes.suite_reaper`) until it is stopped, so that none outlives a
+benchmark ended by SIGTERM or SIGKILL, which run no `finally`.
 """
 
 from __future__ import annotations
 
-import atexit
-import functools
 import os
 import signal
 import subprocess
@@ -23,9 +21,9 @@ from pathlib import Path
 
 import httpx
 
-from engine.lifeline import Lifeline
 from engine.supervisor import free_port
 from tests.fault.harness import ROOT
+from tests.lifetimes import suite_reaper
 
 MOCK_MODEL = "bench-model"  # what the mock engine serves, as vLLM's --served-model-name
 ALIAS = "bench"  # the name clients use at the gateway and LiteLLM
@@ -79,7 +77,7 @@ class Process:
         except ProcessLookupError:
             pass
         finally:
-            reaper().release(self.proc.pid)
+            suite_reaper().release(self.proc.pid)
 
     def peak_rss_mb(self) -> float:
         """VmHWM of the process and every descendant, summed (an upper bound when the
@@ -131,15 +129,6 @@ def _sum_status(pid: int, field_name: str) -> float:
     return round(total_kb / 1024, 1)
 
 
-@functools.cache
-def reaper() -> Lifeline:
-    """This process's reaper, started with the first server it holds and closed at a
-    normal exit (when it holds nothing)."""
-    lifeline = Lifeline.start()
-    atexit.register(lifeline.close)
-    return lifeline
-
-
 def spawn(
     name: str,
     command: list[str],
@@ -162,7 +151,7 @@ def spawn(
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
-    reaper().hold(proc.pid)  # its group: the leader's pid
+    suite_reaper().hold(proc.pid)  # its group: the leader's pid
     process = Process(name, proc, log)
     deadline = time.monotonic() + timeout_s
     while True:
