@@ -29,6 +29,7 @@ from gateway.state.store import redis_server_binary
 from tests.fault.conftest import Upstreams
 from tests.fault.harness import gateway_policy
 from tests.integration.conftest import Gateway, running_gateway
+from tests.lifetimes import suite_reaper
 
 
 class PrivateRedis:
@@ -51,7 +52,9 @@ class PrivateRedis:
              str(self.directory), "--appendonly", "yes", "--save", ""],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            start_new_session=True,  # held by the suite's reaper: gone with pytest
         )  # fmt: skip
+        suite_reaper().hold(self._process.pid)
         deadline = time.monotonic() + 10
         with redis.Redis(port=self.port) as client:
             while True:
@@ -66,6 +69,7 @@ class PrivateRedis:
         if self._process is not None:
             self._process.terminate()  # a clean shutdown: the AOF is flushed
             self._process.wait(timeout=10)
+            suite_reaper().release(self._process.pid)
             self._process = None
 
 

@@ -24,7 +24,7 @@ import pytest
 from engine.supervisor import free_port
 from gateway.cli import main
 from tests.fault.harness import ROOT, FaultUpstream, metric, running_upstreams
-from tests.lifetimes import alive
+from tests.lifetimes import alive, suite_reaper
 from tests.policies import with_redis
 
 WORKERS = 2
@@ -115,7 +115,9 @@ def workers(engine: FaultUpstream, redis_url: str, tmp_path: Path) -> Iterator[W
             env={**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "metrics")},
             stdout=out,
             stderr=subprocess.STDOUT,
+            start_new_session=True,  # held by the suite's reaper: gone with pytest
         )  # fmt: skip
+    suite_reaper().hold(proc.pid)
     running = Workers(proc, f"http://127.0.0.1:{port}", log, policy)
     started: set[int] = set()
     try:
@@ -139,6 +141,7 @@ def workers(engine: FaultUpstream, redis_url: str, tmp_path: Path) -> Iterator[W
         for pid in started | children(proc.pid):  # never left behind, whatever the test did
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
+        suite_reaper().release(proc.pid)
 
 
 def chat(base: str, model: str = "tiny") -> httpx.Response:

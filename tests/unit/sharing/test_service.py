@@ -33,6 +33,7 @@ from gateway.state.redis_client import GatedRedisCluster, RedisClient
 from gateway.state.store import redis_server_binary
 from gateway.telemetry.metrics import GatewayMetrics
 from tests.integration.test_redis_cluster import LocalCluster, _start_cluster
+from tests.lifetimes import suite_reaper
 
 PREFIX = tuple(range(1000, 1040))  # 40 blocks
 
@@ -233,7 +234,9 @@ def private_redis(port: int, directory: Path) -> Iterator[subprocess.Popen[bytes
         [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", str(directory)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        start_new_session=True,  # held by the suite's reaper: gone with pytest
     )
+    suite_reaper().hold(proc.pid)
     try:
         deadline = time.monotonic() + 10
         while True:
@@ -247,6 +250,7 @@ def private_redis(port: int, directory: Path) -> Iterator[subprocess.Popen[bytes
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+        suite_reaper().release(proc.pid)
 
 
 def test_redis_down_routes_on_the_local_view_and_sharing_resumes(tmp_path: Path, pool: str) -> None:
