@@ -90,10 +90,8 @@ def die_with_supervisor() -> None:
     """In a worker: ask for SIGTERM when the supervisor dies, even by SIGKILL (the worker
     then drains and exits), and exit now if it is already gone."""
     supervisor = os.environ.get(SUPERVISOR_ENV)
-    try:
-        ask_for_sigterm_when_parent_dies(int(supervisor) if supervisor is not None else None)
-    except SystemExit:
-        raise SystemExit("gateway: the supervisor exited before this worker started") from None
+    if not ask_for_sigterm_when_parent_dies(int(supervisor) if supervisor is not None else None):
+        raise SystemExit("gateway: the supervisor exited before this worker started")
 
 
 def _family(host: str) -> socket.AddressFamily:

@@ -2,8 +2,8 @@
 killed by SIGKILL or the OOM killer, which run no cleanup.
 
 `ask_for_sigterm_when_parent_dies` asks the kernel for SIGTERM when the parent dies
-(`PR_SET_PDEATHSIG`) and exits if the parent is already gone (it may have died before the
-request took effect). A worker of `gateway serve --workers N` calls it for itself
+(`PR_SET_PDEATHSIG`) and says whether the parent is still there (it may have died before
+the request took effect). A worker of `gateway serve --workers N` calls it for itself
 (gateway/edge/workers.py). A program that is not Python is started through this module:
 
     python -m gateway.lifetime.parent_death PARENT_PID PROGRAM [ARGS...]
@@ -28,14 +28,14 @@ from typing import NoReturn
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
-def ask_for_sigterm_when_parent_dies(parent: int | None = None) -> None:
-    """SIGTERM to this process when its parent dies; SystemExit now when `parent` (the pid
-    that started it) is no longer its parent."""
+def ask_for_sigterm_when_parent_dies(parent: int | None = None) -> bool:
+    """SIGTERM to this process when its parent dies. Returns whether `parent` (the pid that
+    started it) is still its parent: if not, it died before the request took effect, and
+    the caller should exit now."""
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
-    if parent is not None and os.getppid() != parent:
-        raise SystemExit("the process that started this one exited before it started")
+    return parent is None or os.getppid() == parent
 
 
 def command(program: str, *args: str) -> list[str]:
@@ -49,7 +49,8 @@ def main(argv: list[str]) -> NoReturn:
         raise SystemExit(
             "usage: python -m gateway.lifetime.parent_death PARENT_PID PROGRAM [ARGS...]"
         )
-    ask_for_sigterm_when_parent_dies(int(argv[0]))
+    if not ask_for_sigterm_when_parent_dies(int(argv[0])):
+        raise SystemExit("the process that started this one exited before it started")
     os.execv(argv[1], argv[1:])
 
 
