@@ -20,6 +20,7 @@ import time
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.headers import TRACE_ID_ASGI
+from gateway.lifetime.startup import lifespan_saying_refusals_plainly
 from gateway.telemetry.record import RequestRecord
 from gateway.telemetry.service import Telemetry
 
@@ -50,7 +51,10 @@ class EdgeMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
-            await self.app(scope, receive, send)
+            if scope["type"] == "lifespan":  # start-up and shutdown
+                await lifespan_saying_refusals_plainly(self.app, scope, receive, send)
+            else:
+                await self.app(scope, receive, send)
             return
         request_id = traceparent = ""
         for name, value in scope["headers"]:

