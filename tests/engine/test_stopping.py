@@ -134,6 +134,11 @@ def stack(
         python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{STAND_IN}" "$@"\n')
         python.chmod(0o755)
         env["ENGINE_PYTHON"] = str(python)  # what the stack runs as vLLM's python
+        # The stand-in loads no model: naming one keeps the stack from building the tiny
+        # model with the stand-in's python (these tests ran only after one that built it).
+        model = tmp_path / "stand-in-model"
+        model.mkdir()
+        env["ENGINE_MODEL"] = str(model)
     env.update(knobs)
     log = tmp_path / "stack.log"
     with log.open("wb") as out:

@@ -28,6 +28,7 @@ from engine.profiles import load_profile
 from engine.state import ReplicaRecord
 from engine.supervisor import Launch, down, up
 from tests.integration.conftest import Engines, Gateway, engine_paths, running_gateway
+from tests.lifetimes import alive
 
 pytestmark = pytest.mark.engine
 
@@ -85,17 +86,9 @@ models:
         with running_gateway(policy, run_dir / "gateway.log") as gateway:
             yield Setup(gateway, doomed, live)
     finally:
-        if _alive(doomed.pid):
+        if alive(doomed.pid):
             os.kill(doomed.pid, signal.SIGCONT)  # a frozen process cannot be stopped
         down(paths, say=say, lifeline=engine_lifeline)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except OSError:
-        return False
-    return True
 
 
 def sdk(gateway: Gateway) -> openai.OpenAI:
