@@ -108,6 +108,9 @@ STARTS_PROCESS_UNSEEN: dict[str, frozenset[str]] = {
     "tests/unit/state/test_state_store.py::test_the_embedded_server_dies_with_its_gateway_even_by_sigkill": (
         frozenset({"process", "redis"})
     ),
+    "tests/unit/lifetime/test_startup.py::test_a_gateway_refused_its_state_directory_says_so_in_one_line": (
+        frozenset({"process", "redis"})
+    ),
 }
 _STARTER_NAMES = frozenset(name.rsplit(".", 1)[1] for name in PROCESS_STARTERS)
 
