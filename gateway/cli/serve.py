@@ -98,6 +98,7 @@ def _serve_process(args: argparse.Namespace) -> int:
 
     from gateway.app import create_app
     from gateway.edge.connections import protocol_for, raise_descriptor_limit
+    from gateway.edge.server import ServerSayingItServes
     from gateway.edge.workers import (
         die_with_supervisor,
         shared_port_socket,
@@ -128,10 +129,9 @@ def _serve_process(args: argparse.Namespace) -> int:
     app = create_app(policy, policy_file=source, reload_on_sighup=True)
     interval = policy.server.reload_interval_s
     watching = f"re-read every {interval:g} s and on SIGHUP" if interval else "re-read on SIGHUP"
-    print(
+    serving = (
         f"{tag}gateway: serving {len(policy.models)} model(s) from {path} ({watching}) "
-        f"on http://{host}:{port}/v1",
-        flush=True,
+        f"on http://{host}:{port}/v1"
     )
     raise_descriptor_limit(policy.server)
     # The collector's youngest generation is examined every 700 allocations by default:
@@ -156,7 +156,7 @@ def _serve_process(args: argparse.Namespace) -> int:
         # the access log, when on, names the peer that connected.
         proxy_headers=False,
     )
-    server = uvicorn.Server(config)
+    server = ServerSayingItServes(config, serving)
     # A worker binds the shared port itself (SO_REUSEPORT); one process lets uvicorn bind.
     sockets = [shared_port_socket(host, port)] if worker else None
     try:
