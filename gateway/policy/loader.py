@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import ValidationError
@@ -107,8 +108,21 @@ def _explain(err: Any) -> str:
     message = str(err["msg"]).removeprefix("Value error, ")
     value = err.get("input")
     if isinstance(value, (str, int, float, bool)) and kind not in ("missing",):
-        return f"{message} (got {value!r})"
+        return f"{message} (got {_quoted(value)})"
     return message
+
+
+def _quoted(value: str | float | bool) -> str:
+    """A value as a problem quotes it, but for a URL's password (`state.redis_url` may
+    hold one, and problems are printed and logged)."""
+    if isinstance(value, str) and "@" in value:
+        try:
+            password = urlsplit(value).password
+        except ValueError:
+            password = None
+        if password:
+            value = value.replace(f":{password}@", ":[REDACTED]@", 1)
+    return repr(value)
 
 
 def _reference_problems(data: dict[str, Any], lines: _LineIndex) -> list[PolicyProblem]:

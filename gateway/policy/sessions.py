@@ -11,13 +11,15 @@ from pydantic import Field, PrivateAttr, field_validator, model_validator
 from gateway.policy.base import Name, Strict
 from gateway.untrusted.schemas import ClientSchema, UnsafeSchema, prepare
 
+_REDIS_SCHEMES = frozenset({"redis", "rediss", "unix"})  # what redis-py's from_url takes
+
 
 class StateSpec(Strict):
     redis_url: str = Field(
         "",
         description=(
-            "redis:// or rediss:// URL of the state store; empty starts an embedded, "
-            "durable Redis in embedded_dir."
+            "redis://, rediss:// or unix:// URL of the state store; empty starts an "
+            "embedded, durable Redis in embedded_dir."
         ),
     )
     embedded_dir: str = Field(".run/state", description="Data directory of the embedded Redis.")
@@ -33,12 +35,32 @@ class StateSpec(Strict):
         "discovered from it, and keys are hash-tagged so a session lives in one slot.",
     )
 
+    @field_validator("redis_url")
+    @classmethod
+    def _a_redis_url(cls, url: str) -> str:
+        """Refused here, with the file and line, rather than by redis-py when the gateway
+        starts. The URL may hold a password: no message repeats it."""
+        if not url:
+            return url
+        try:
+            parts = urlsplit(url)
+            parts.port  # noqa: B018  # raises on a port that is not a number
+        except ValueError:
+            raise ValueError("not a URL: its port is not a number") from None
+        if parts.scheme not in _REDIS_SCHEMES:
+            raise ValueError(
+                "must start with redis://, rediss:// or unix:// (empty: the embedded Redis)"
+            )
+        return url
+
     @model_validator(mode="after")
     def _cluster_needs_a_node(self) -> StateSpec:
         if not self.cluster:
             return self
         if not self.redis_url:
             raise ValueError("state.cluster needs redis_url: any node of the cluster")
+        if urlsplit(self.redis_url).scheme == "unix":
+            raise ValueError("state.cluster needs a node's redis:// or rediss:// URL")
         database = urlsplit(self.redis_url).path.strip("/")
         if database not in ("", "0"):
             raise ValueError(

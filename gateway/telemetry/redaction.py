@@ -6,7 +6,8 @@ span attributes (captured prompts included).
 - the token after `Bearer` or `Basic` (an Authorization header's value),
 - OpenAI-style keys, `sk-...` (the gateway's own keys look so too),
 - a long token (16 characters or more) after a name such as `key=`, `api_key:`,
-  `"token": "`, `secret=`, `password=` or `authorization:`.
+  `"token": "`, `secret=`, `password=` or `authorization:`,
+- a URL's password (`redis://:PASSWORD@host`, `https://user:PASSWORD@host`).
 
 The gateway never logs a request's headers or keys itself (gateway/edge/auth.py holds only
 digests); this is the second line: a key an agent pasted into a prompt, a URL with
@@ -31,13 +32,15 @@ _SECRET = re.compile(
     | (?P<name>\b(?:api[_-]?key|access[_-]?token|refresh[_-]?token|token|secret|password
                    |passwd|key|authorization)(?:\\?["'])?\s*[:=]\s*(?:\\?["'])?)
       [A-Za-z0-9._~+/=-]{16,}
+    | (?P<userinfo>\b[a-z][a-z0-9+.-]*://[^\s/@:]*:)[^\s/@]+(?=@)
     """,
     re.IGNORECASE | re.VERBOSE,
 )
 
 
 def _replace(match: re.Match[str]) -> str:
-    return (match.group("scheme") or match.group("name") or "") + REDACTED
+    kept = match.group("scheme") or match.group("name") or match.group("userinfo")
+    return (kept or "") + REDACTED
 
 
 def redact(text: str) -> str:

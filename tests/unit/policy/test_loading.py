@@ -93,6 +93,28 @@ def test_bad_replica_url_is_rejected(tmp_path: Path) -> None:
     assert "http(s) base URL" in message
 
 
+@pytest.mark.parametrize(
+    ("url", "problem"),
+    [
+        ("redis://:hunter2@cache:port", "not a URL: its port is not a number"),
+        ("postgres://:hunter2@cache:6379", "must start with redis://, rediss:// or unix://"),
+    ],
+)
+def test_a_bad_redis_url_is_rejected_without_its_password(
+    tmp_path: Path, url: str, problem: str
+) -> None:
+    """Refused with its line rather than by redis-py at start-up; a problem is printed and
+    may be logged, so the URL it quotes keeps no password."""
+    message = reject(VALID + f"state: {{redis_url: '{url}'}}\n", tmp_path)
+    assert f"policy.yaml:11: state.redis_url: {problem}" in message
+    assert "hunter2" not in message and ":[REDACTED]@cache" in message
+
+
+def test_redis_urls_redis_py_takes_are_accepted() -> None:
+    for url in ("", "redis://r:6379/0", "rediss://u:p@r:6380", "unix:///run/redis.sock"):
+        assert parse_policy(VALID + f"state: {{redis_url: '{url}'}}\n").state.redis_url == url
+
+
 def test_unknown_endpoint_is_rejected(tmp_path: Path) -> None:
     message = reject(
         VALID.replace("    tier: small\n", "    tier: small\n    serves: [chat, audio]\n"), tmp_path

@@ -189,6 +189,8 @@ def test_cluster_mode_needs_a_node_and_database_0() -> None:
         StateSpec(cluster=True)
     with pytest.raises(ValidationError, match="only database 0"):
         StateSpec(redis_url="redis://r:6379/9", cluster=True)
+    with pytest.raises(ValidationError, match="a node's redis:// or rediss:// URL"):
+        StateSpec(redis_url="unix:///run/redis.sock", cluster=True)
 
 
 async def test_cluster_mode_opens_redis_py_s_cluster_client() -> None:

@@ -46,6 +46,9 @@ HEX_TOKEN = "9f86d081884c7d659a2feaa0c55ad015"
         (f'{{"api_key": "{HEX_TOKEN}"}}', f'{{"api_key": "{REDACTED}"}}'),
         (f'{{\\"secret\\": \\"{HEX_TOKEN}\\"}}', f'{{\\"secret\\": \\"{REDACTED}\\"}}'),
         (f"password: {HEX_TOKEN}", f"password: {REDACTED}"),
+        ("redis://:hunter2@redis.internal:6379/0", f"redis://:{REDACTED}@redis.internal:6379/0"),
+        ("rediss://app:s3cr3t@cache:6380", f"rediss://app:{REDACTED}@cache:6380"),
+        ("(got 'https://u:p@h/x')", f"(got 'https://u:{REDACTED}@h/x')"),
     ],
 )
 def test_credentials_are_redacted(text: str, expected: str) -> None:
@@ -60,6 +63,8 @@ def test_credentials_are_redacted(text: str, expected: str) -> None:
         "key=short token: abc",
         "request 0af7651916cd43dd8448eb211c80319c routed to chat/a.test:1",
         "Bearer",
+        "redis://redis.internal:6379/0 and http://user@host/path",
+        "mailto:someone@example.com at 12:30",
     ],
 )
 def test_ordinary_text_is_left_alone(text: str) -> None:
