@@ -12,12 +12,13 @@ from __future__ import annotations
 import gc
 import logging
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from opentelemetry.sdk.trace import SpanProcessor
+from starlette.datastructures import State
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import Response
@@ -47,7 +48,7 @@ from gateway.fleet.discovery import DiscoveryMetrics, Resolver, SystemResolver
 from gateway.policy import Policy
 from gateway.policy.reloadable import PolicyFile
 from gateway.reload import PolicyReloader, ReloadMetrics
-from gateway.runtime import CurrentEngineLoads, Services, build_runtime, current
+from gateway.runtime import CurrentEngineLoads, Runtime, Services, build_runtime
 from gateway.state.store import StateStore
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.service import Telemetry
@@ -85,70 +86,70 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        # The clients are created here: they bind to the running loop. A test's own
-        # upstream comes without health checks or /metrics scraping (nothing to poll).
-        client = upstream if upstream is not None else Http1Upstream()
-        await state.open()  # first: a store that cannot open leaves no session unclosed
-        probes = probe_session() if upstream is None and health_checks else None
-        assert state.redis is not None
-        if keys is not None:
-            keys.attach(state.redis)  # keys created at run time
-        app.state.api_keys = RedisKeys(state.redis)
-        app.state.feedback = FeedbackStore(state.redis)
-        telemetry.open(
-            RedisUsageLedger(
-                state.redis,
-                retention_days=policy.telemetry.usage.retention_days,
-                session_ttl_s=policy.sessions.ttl_s,
+        # What start-up opens is closed in reverse order, at shutdown or as soon as a later
+        # step fails (a refused artifact must not leave an engine session or the embedded
+        # Redis open behind it).
+        async with AsyncExitStack() as opened:
+            # The clients are created here: they bind to the running loop. A test's own
+            # upstream comes without health checks or /metrics scraping (nothing to poll).
+            client = upstream if upstream is not None else Http1Upstream()
+            opened.push_async_callback(client.close)
+            await state.open()
+            opened.push_async_callback(state.close)
+            probes = probe_session() if upstream is None and health_checks else None
+            if probes is not None:
+                opened.push_async_callback(probes.close)
+            assert state.redis is not None
+            if keys is not None:
+                keys.attach(state.redis)  # keys created at run time
+            app.state.api_keys = RedisKeys(state.redis)
+            app.state.feedback = FeedbackStore(state.redis)
+            telemetry.open(
+                RedisUsageLedger(
+                    state.redis,
+                    retention_days=policy.telemetry.usage.retention_days,
+                    session_ttl_s=policy.sessions.ttl_s,
+                )
             )
-        )
-        services = Services(
-            upstream=client,
-            state=state,
-            metrics=metrics,
-            telemetry=telemetry,
-            resolver=resolver or SystemResolver(),
-            discovery_metrics=discovery_metrics,
-            engine_loads=CurrentEngineLoads(),
-            probes=probes,
-        )
-        app.state.telemetry = telemetry
-        telemetry.engine_chains = services.engine_chains
-        runtime = build_runtime(policy, services)
-        await runtime.start(first=True)
-        runtime.activate(app.state, services, previous=None)
-        for key_check in (keys, admin):
-            if key_check is not None:
-                key_check.start()
-        reloader: PolicyReloader | None = None
-        if policy_file is not None and reload_metrics is not None:
-            reloader = PolicyReloader(app.state, services, policy_file, reload_metrics)
-            reloader.start(sighup=reload_on_sighup)
-        app.state.reloader = reloader
-        # Everything built so far lives as long as the process: move it out of the
-        # collector's sight. Full collections otherwise walk all of it (imported modules,
-        # the learned router, tokenizer tables, pydantic models): 130 ms stalls at p99
-        # under load, measured (`make bench`); per-request garbage is collected as before.
-        # (A reload thaws and freezes again once the replaced runtime is unused.)
-        gc.collect()
-        gc.freeze()
-        try:
-            yield
-        finally:
-            gc.unfreeze()
-            if reloader is not None:
-                await reloader.stop()  # first: no reload swaps the runtime stopped below
+            # Closed before the store: the last usage is written.
+            opened.push_async_callback(telemetry.close)
+            services = Services(
+                upstream=client,
+                state=state,
+                metrics=metrics,
+                telemetry=telemetry,
+                resolver=resolver or SystemResolver(),
+                discovery_metrics=discovery_metrics,
+                engine_loads=CurrentEngineLoads(),
+                probes=probes,
+            )
+            app.state.telemetry = telemetry
+            telemetry.engine_chains = services.engine_chains
+            runtime = build_runtime(policy, services)
+            opened.push_async_callback(_stop_runtime, app.state, services, runtime)
+            await runtime.start(first=True)
+            runtime.activate(app.state, services, previous=None)
             for key_check in (keys, admin):
                 if key_check is not None:
-                    await key_check.stop()
-            runtime = current(app.state)
-            await runtime.stop()
-            await client.close()
-            if probes is not None:
-                await probes.close()
-            await telemetry.close()  # before the store closes: the last usage is written
-            runtime.deactivate(services)
-            await state.close()
+                    key_check.start()
+                    opened.push_async_callback(key_check.stop)
+            reloader: PolicyReloader | None = None
+            if policy_file is not None and reload_metrics is not None:
+                reloader = PolicyReloader(app.state, services, policy_file, reload_metrics)
+                reloader.start(sighup=reload_on_sighup)
+                # first at shutdown: no reload swaps the runtime stopped after it
+                opened.push_async_callback(reloader.stop)
+            app.state.reloader = reloader
+            # Everything built so far lives as long as the process: move it out of the
+            # collector's sight. Full collections otherwise walk all of it (imported
+            # modules, the learned router, tokenizer tables, pydantic models): 130 ms stalls
+            # at p99 under load, measured (`make bench`); per-request garbage is collected
+            # as before. (A reload thaws and freezes again once the replaced runtime is
+            # unused.)
+            gc.collect()
+            gc.freeze()
+            opened.callback(gc.unfreeze)
+            yield
 
     app = _GatewayApp(
         telemetry,
@@ -174,6 +175,15 @@ def create_app(
     app.include_router(build_openapi_router())  # the hand-written one: gateway/api/openapi.py
     _install_error_handlers(app)
     return app
+
+
+async def _stop_runtime(state: State, services: Services, started: Runtime) -> None:
+    """The runtime in use at shutdown (a reload may have replaced the first one), or the
+    one being started when start-up failed before it was in use."""
+    in_use: Runtime | None = getattr(state, "runtime", None)
+    await (in_use or started).stop()
+    if in_use is not None:
+        in_use.deactivate(services)
 
 
 class _GatewayApp(FastAPI):

@@ -111,6 +111,13 @@ STARTS_PROCESS_UNSEEN: dict[str, frozenset[str]] = {
     "tests/unit/lifetime/test_startup.py::test_a_gateway_refused_its_state_directory_says_so_in_one_line": (
         frozenset({"process", "redis"})
     ),
+    "tests/unit/lifetime/test_startup.py::test_a_start_up_that_fails_late_leaves_the_state_directory_free": (
+        frozenset({"process", "redis"})
+    ),
+    # `gateway serve --workers 2` starts its workers.
+    "tests/unit/edge/test_workers.py::test_workers_that_cannot_start_are_not_restarted": (
+        frozenset({"process"})
+    ),
 }
 _STARTER_NAMES = frozenset(name.rsplit(".", 1)[1] for name in PROCESS_STARTERS)
 

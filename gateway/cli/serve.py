@@ -105,6 +105,7 @@ def _serve_process(args: argparse.Namespace) -> int:
         tagged_log_config,
         worker_identity,
     )
+    from gateway.lifetime.startup import StartupRefused
     from gateway.telemetry.redaction import install_log_redaction, redacting_log_config
 
     worker = worker_identity()
@@ -126,7 +127,11 @@ def _serve_process(args: argparse.Namespace) -> int:
     port = args.port or policy.server.port
     # The file is watched while serving: a changed policy is validated, then applied
     # or rejected with the running one kept (gateway/reload.py); SIGHUP checks at once.
-    app = create_app(policy, policy_file=source, reload_on_sighup=True)
+    try:
+        app = create_app(policy, policy_file=source, reload_on_sighup=True)
+    except StartupRefused as exc:  # a file the policy names (API keys): said in one line
+        print(f"{tag}gateway: {exc}", file=sys.stderr)
+        return 2
     interval = policy.server.reload_interval_s
     watching = f"re-read every {interval:g} s and on SIGHUP" if interval else "re-read on SIGHUP"
     serving = (

@@ -23,7 +23,9 @@ of `GATEWAY_WORKERS`) and serves nothing itself.
   `window_s`, as the engine watchdog does: one crashed worker (a native crash, the OOM
   killer) must not stop the pod's others, and Kubernetes cannot see it (the port is still
   served). A worker that keeps dying means the gateway cannot serve as configured: the
-  supervisor then stops every worker and exits 1, and Kubernetes restarts the pod.
+  supervisor then stops every worker and exits 1, and Kubernetes restarts the pod. A
+  worker that exits 2 or 3 refused to start (an unreadable file the policy names, a
+  failed start-up): it is not restarted; the supervisor stops and exits with its status.
 - **Metrics are the pod's, summed over workers.** A scrape reaches one worker, chosen by
   the kernel, so each worker's own registry would show a random share. The supervisor
   gives the workers a fresh `PROMETHEUS_MULTIPROC_DIR` (prometheus_client's multiprocess
@@ -138,6 +140,12 @@ class RestartBudget:
         return True
 
 
+# `gateway serve`'s exit statuses for a start it refused (gateway/cli/serve.py): a file the
+# policy names cannot be read (2), a start-up that failed (3, uvicorn's). Starting again
+# would fail again; the supervisor stops with the same status, as one process would.
+_DID_NOT_START = frozenset({2, 3})
+
+
 def _ignore_sighup() -> None:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
@@ -236,6 +244,17 @@ class Supervisor:
             del self._workers[index]
             self._forget_metrics(proc.pid)
             if self._stopping is not None:
+                continue
+            if code in _DID_NOT_START:
+                log.error(
+                    "worker %d (pid %d) exited with %d: it could not start as configured "
+                    "(its message says why); stopping",
+                    index,
+                    proc.pid,
+                    code,
+                )
+                self._status = code
+                self._on_signal(signal.SIGTERM, None)
                 continue
             if self._budget.allow(time.monotonic()):
                 log.warning("worker %d (pid %d) exited with %d: restarting", index, proc.pid, code)

@@ -5,6 +5,11 @@ uvicorn prints: right for a bug, noise for a refusal whose message already says 
 do ("the state directory ... is in use by another gateway; stop it, or ..."). Code that
 refuses to start raises `StartupRefused`; `lifespan_saying_refusals_plainly` hands uvicorn
 that message alone. Any other start-up failure keeps its traceback.
+
+Raised as such, or as a subclass: the state directory in use (gateway/state/store.py), an
+API keys file that cannot be read (gateway/tenants/key_file.py; read as the app is built,
+before uvicorn runs: `gateway serve` prints it and exits 2), a router artifact that cannot
+be used (gateway/tiering/learned.py; on a reload, the reason the new policy is rejected).
 """
 
 from __future__ import annotations

@@ -13,13 +13,14 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from gateway.lifetime.startup import StartupRefused
 from gateway.periodic import Periodic
 from gateway.tenants.identity import Identity, digest_of, key_id_of
 
 log = logging.getLogger(__name__)
 
 
-class KeysFileError(Exception):
+class KeysFileError(StartupRefused):
     """The keys file named in the policy cannot be read at start-up."""
 
 

@@ -24,13 +24,15 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from gateway.lifetime.startup import StartupRefused
 from gateway.tiering.features import FEATURES_VERSION, NUMERIC_NAMES, extract
 
 SHIPPED = "artifacts/router-v2.npz"
 
 
-class ArtifactError(ValueError):
-    pass
+class ArtifactError(StartupRefused):
+    """A router artifact that cannot be used (unreadable, or for other features): the
+    operator names another or retrains; at start-up said in one line."""
 
 
 @dataclass(frozen=True, eq=False)

@@ -227,3 +227,26 @@ def test_workers_without_a_shared_redis_are_refused_before_any_starts(
     assert main(["serve", "--policy", str(policy), "--workers", "2"]) == 2
     assert "--workers 2 needs `state.redis_url`" in capsys.readouterr().err
     assert not (tmp_path / "state").exists()
+
+
+def test_workers_that_cannot_start_are_not_restarted(
+    tmp_path: Path,
+    redis_url: str,
+    capfd: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A worker refused its configuration (here an API keys file it cannot read) would be
+    refused again: the supervisor stops and exits with the worker's status, 2, instead of
+    restarting it five times."""
+    missing = tmp_path / "missing-keys"
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(
+        f"version: 1\nstate: {{redis_url: '{redis_url}'}}\nauth: {{keys_file: '{missing}'}}\n"
+        'pools:\n  p: {served_model: m, replicas: [{url: "http://127.0.0.1:9"}]}\n'
+        "models:\n  m: {pool: p}\n"
+    )
+    port = str(free_port())
+    assert main(["serve", "--policy", str(policy), "--workers", "2", "--port", port]) == 2
+    assert f"gateway: cannot read the API keys file {missing}" in capfd.readouterr().err
+    assert "it could not start as configured" in caplog.text
+    assert "restarting" not in caplog.text

@@ -3,6 +3,8 @@ traceback (gateway/lifetime/startup.py), as uvicorn prints them."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -98,3 +100,54 @@ async def test_a_gateway_refused_its_state_directory_says_so_in_one_line(
         ]
     finally:
         await first.close()
+
+
+async def test_a_start_up_that_fails_late_leaves_the_state_directory_free(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A router artifact that cannot be read is found after the embedded Redis started and
+    the engines' probe session opened: both are closed as the start-up fails, so the
+    directory is free at once (no second gateway is kept waiting) and nothing is left
+    unclosed; the reason is one line."""
+    directory = tmp_path / "state"
+    missing = tmp_path / "router.npz"
+    policy = parse_policy(
+        TINY_POLICY
+        + "  auto: {tiering: default}\n"
+        + f"state: {{embedded_dir: '{directory}'}}\n"
+        + "tiering:\n  default:\n    tiers: {small: chat, large: chat}\n"
+        + f"    learned: {{artifact: '{missing}'}}\n"
+    )
+    config = Config(create_app(policy), lifespan="on")
+    config.load()
+    lifespan = LifespanOn(config)
+    await lifespan.startup()
+    assert lifespan.should_exit
+    errors = [line for line in capsys.readouterr().err.splitlines() if "ERROR" in line]
+    assert errors == [
+        f"ERROR:    gateway: {missing}: not a router artifact ([Errno 2] No such file or "
+        f"directory: '{missing}')",
+        "ERROR:    Application startup failed. Exiting.",
+    ]
+    again = StateStore(StateSpec(embedded_dir=str(directory)))
+    await again.open()  # would wait 5 s, then be refused, were the directory still held
+    await again.close()
+
+
+def test_an_unreadable_keys_file_is_one_line_and_exit_status_2(tmp_path: Path) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(
+        TINY_POLICY + f"auth: {{keys_file: '{tmp_path / 'missing-keys'}'}}\n"
+        f"state: {{embedded_dir: '{tmp_path / 'state'}'}}\n"
+    )
+    served = subprocess.run(
+        [sys.executable, "-m", "gateway", "serve", "--policy", str(policy)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert served.returncode == 2
+    assert served.stderr == (
+        f"gateway: cannot read the API keys file {tmp_path / 'missing-keys'}: "
+        "No such file or directory\n"
+    )
