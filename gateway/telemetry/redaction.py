@@ -32,20 +32,26 @@ _SECRET = re.compile(
     | (?P<name>\b(?:api[_-]?key|access[_-]?token|refresh[_-]?token|token|secret|password
                    |passwd|key|authorization)(?:\\?["'])?\s*[:=]\s*(?:\\?["'])?)
       [A-Za-z0-9._~+/=-]{16,}
-    | (?P<userinfo>\b[a-z][a-z0-9+.-]*://[^\s/@:]*:)[^\s/@]+(?=@)
     """,
     re.IGNORECASE | re.VERBOSE,
 )
 
 
 def _replace(match: re.Match[str]) -> str:
-    kept = match.group("scheme") or match.group("name") or match.group("userinfo")
-    return (kept or "") + REDACTED
+    return (match.group("scheme") or match.group("name") or "") + REDACTED
+
+
+# A URL's password: `scheme://user:PASSWORD@`. Its own pattern, tried only on text that
+# holds both "://" and "@": as one more branch of `_SECRET` it made every call 1.4x slower.
+_URL_PASSWORD = re.compile(r"(?P<userinfo>\b[A-Za-z][A-Za-z0-9+.-]*://[^\s/@:]*:)[^\s/@]+(?=@)")
 
 
 def redact(text: str) -> str:
     """`text` with every credential-like token replaced by `[REDACTED]`."""
-    return _SECRET.sub(_replace, text)
+    text = _SECRET.sub(_replace, text)
+    if "@" in text and "://" in text:
+        text = _URL_PASSWORD.sub(rf"\g<userinfo>{REDACTED}", text)
+    return text
 
 
 class RedactingFilter(logging.Filter):
