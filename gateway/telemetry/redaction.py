@@ -46,12 +46,56 @@ def _replace(match: re.Match[str]) -> str:
 _URL_PASSWORD = re.compile(r"(?P<userinfo>\b[A-Za-z][A-Za-z0-9+.-]*://[^\s/@:]*:)[^\s/@]+(?=@)")
 
 
+# Where a `_SECRET` match can begin: the first letters of each of its branches, lowercase.
+# `_SECRET.sub` tries every branch at every position of a text: 2.8 ms for a 26 KB
+# tau-bench conversation (captured with content on), 7 us for a log line. Found with
+# `str.find` and tried only there: 0.28 ms and 2 us (2026-12-07, best of 5).
+_CAN_START = (
+    "bearer", "basic", "sk-", "api", "access", "refresh", "token", "secret", "passw", "key",
+    "authorization",
+)  # fmt: skip
+
+
 def redact(text: str) -> str:
-    """`text` with every credential-like token replaced by `[REDACTED]`."""
-    text = _SECRET.sub(_replace, text)
+    """`text` with every credential-like token replaced by `[REDACTED]`: what
+    `_SECRET.sub(_replace, text)` returns, with `_SECRET` tried only where a match may
+    begin."""
+    lowered = text.lower()
+    if len(lowered) != len(text):  # a character whose lowercase is two: positions move
+        text = _SECRET.sub(_replace, text)
+    else:
+        text = _redact_at(text, _starts(lowered))
     if "@" in text and "://" in text:
         text = _URL_PASSWORD.sub(rf"\g<userinfo>{REDACTED}", text)
     return text
+
+
+def _starts(lowered: str) -> list[int]:
+    """Every position where one of `_CAN_START` begins, in order."""
+    found: list[int] = []
+    for word in _CAN_START:
+        at = lowered.find(word)
+        while at >= 0:
+            found.append(at)
+            at = lowered.find(word, at + 1)
+    found.sort()
+    return found
+
+
+def _redact_at(text: str, starts: list[int]) -> str:
+    parts: list[str] = []
+    kept = 0  # text[:kept] is in `parts`
+    for start in starts:
+        if start < kept:
+            continue  # inside a credential already replaced
+        found = _SECRET.match(text, start)
+        if found is not None:
+            parts += (text[kept:start], _replace(found))
+            kept = found.end()
+    if not parts:
+        return text
+    parts.append(text[kept:])
+    return "".join(parts)
 
 
 class RedactingFilter(logging.Filter):

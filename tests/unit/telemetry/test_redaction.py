@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import logging.config
+import random
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from starlette.testclient import TestClient
 from gateway.app import create_app
 from gateway.policy import parse_policy
 from gateway.state.store import StateStore
-from gateway.telemetry import names
+from gateway.telemetry import names, redaction
 from gateway.telemetry.redaction import (
     REDACTED,
     RedactingFilter,
@@ -69,6 +70,28 @@ def test_credentials_are_redacted(text: str, expected: str) -> None:
 )
 def test_ordinary_text_is_left_alone(text: str) -> None:
     assert redact(text) == text
+
+
+FRAGMENTS = (
+    "Bearer ", "basic ", "sk-", "api_key=", "API-KEY: ", "access_token", "refresh-token", "token",
+    'secret="', "password: ", "passwd=", "key=", "Authorization:", '\\"', "'", " ", "\n", "x",
+    "capital", "basically", "keys", "0123456789abcdefABCDEF_-.", "İ", "ß", "redis://:pw@h",
+    "https://u:", "@", "://", "/",
+)  # fmt: skip
+
+
+def test_redaction_finds_what_the_whole_pattern_finds_everywhere() -> None:
+    """`redact` tries the credential pattern only where a match may begin; on any text it
+    must replace exactly what the pattern applied at every position would."""
+
+    def everywhere(text: str) -> str:
+        text = redaction._SECRET.sub(redaction._replace, text)
+        return redaction._URL_PASSWORD.sub(rf"\g<userinfo>{REDACTED}", text)
+
+    draw = random.Random(7)
+    for _ in range(3000):
+        text = "".join(draw.choice(FRAGMENTS) for _ in range(draw.randint(1, 24)))
+        assert redact(text) == everywhere(text), text
 
 
 def record(msg: str, *args: object, exc: BaseException | None = None) -> logging.LogRecord:
