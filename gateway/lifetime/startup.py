@@ -25,19 +25,20 @@ async def lifespan_saying_refusals_plainly(
     app: ASGIApp, scope: Scope, receive: Receive, send: Send
 ) -> None:
     """Runs `app`'s lifespan; a `StartupRefused` reaches the server as its message."""
-    held: list[Message] = []
+    failure: Message | None = None  # the start-up's failure, sent once its kind is known
 
     async def hold_startup_failure(message: Message) -> None:
+        nonlocal failure
         if message["type"] == "lifespan.startup.failed":
-            held.append(message)  # sent below, once the failure's kind is known
+            failure = message
         else:
             await send(message)
 
     try:
         await app(scope, receive, hold_startup_failure)
     except StartupRefused as exc:
-        held[:] = [{"type": "lifespan.startup.failed", "message": f"gateway: {exc}"}]
+        failure = {"type": "lifespan.startup.failed", "message": f"gateway: {exc}"}
         raise
     finally:
-        for message in held:  # at most one: the start-up ends there
-            await send(message)
+        if failure is not None:
+            await send(failure)

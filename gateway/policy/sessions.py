@@ -59,9 +59,10 @@ class StateSpec(Strict):
             return self
         if not self.redis_url:
             raise ValueError("state.cluster needs redis_url: any node of the cluster")
-        if urlsplit(self.redis_url).scheme == "unix":
+        parts = urlsplit(self.redis_url)
+        if parts.scheme == "unix":
             raise ValueError("state.cluster needs a node's redis:// or rediss:// URL")
-        database = urlsplit(self.redis_url).path.strip("/")
+        database = parts.path.strip("/")
         if database not in ("", "0"):
             raise ValueError(
                 f"a Redis Cluster has only database 0; redis_url names database {database}"
