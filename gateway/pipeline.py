@@ -184,7 +184,7 @@ class Pipeline:
         if self._quota is not None:  # rate limits and budgets (gateway/quota/)
             grant = await self._quota.admit(request, request.size, context.access, context.identity)
             if grant is not None:
-                context.record.quota = grant  # the edge sends its headers and settles it
+                context.charges.charge = grant  # the edge sends its headers, settles it
                 request = grant.request  # another model when served over budget
         context.record.note_request(request)  # after the check: only known aliases count
         return call.but(request=request)

@@ -34,7 +34,7 @@ from gateway.edge.body import read_body
 from gateway.errors import GatewayError, MethodNotAllowed, error_response, forget_frames
 from gateway.pipeline import Pipeline
 from gateway.policy import Endpoint
-from gateway.request_context import RequestContext
+from gateway.request_context import Charges, RequestContext
 from gateway.runtime import Runtime, current
 from gateway.telemetry.record import RequestRecord
 from gateway.tenants.identity import access_of, identity_of
@@ -65,6 +65,7 @@ class ApiCalls:
         state = scope["state"]
         request_id: str = state["request_id"]
         record = state.get("telemetry") or RequestRecord.detached()
+        charges = state.get("charges") or Charges()  # for the edge: made with the record
         try:
             if scope["method"] != "POST":
                 raise MethodNotAllowed(f"Method {scope['method']} is not allowed on {path}.")
@@ -74,12 +75,13 @@ class ApiCalls:
             runtime = current(scope["app"].state)  # the policy this request is served under
             if path in (_RESPONSES, _INPUT_TOKENS, _COMPACT):
                 responses = runtime.responses
-                call = {
-                    _RESPONSES: responses.create,
-                    _INPUT_TOKENS: responses.input_tokens,
-                    _COMPACT: responses.compact,
-                }[path]
-                served = await call(body, record, access, identity_of(state))
+                if path == _RESPONSES:  # served by the pipeline: admitted, charged
+                    served = await responses.create(
+                        body, record, access, identity_of(state), charges
+                    )
+                else:
+                    call = responses.input_tokens if path == _INPUT_TOKENS else responses.compact
+                    served = await call(body, record, access, identity_of(state))
             else:
                 headers = request.headers
                 context = RequestContext(
@@ -90,6 +92,7 @@ class ApiCalls:
                     record=record,
                     access=access,
                     identity=identity_of(state),
+                    charges=charges,
                 )
                 served = await _call(runtime, endpoint, str(path), body, context, headers)
             response = render(served)

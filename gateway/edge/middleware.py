@@ -8,7 +8,8 @@ streaming): one wrapper around every request, so the response's `send` is wrappe
   the response is complete, whatever happened in between. Its trace id is returned in
   X-Gateway-Trace-Id. When rate limits or a budget applied to the request, its
   x-ratelimit-* headers go on the answer, and once the response is complete its quota
-  charge is settled with what the engines counted (gateway/quota/).
+  charge is settled with what the engines counted (gateway/quota/). The pipeline leaves
+  the charge in `request.state.charges`, not on the telemetry record, which only reads.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.headers import TRACE_ID_ASGI
 from gateway.lifetime.startup import lifespan_saying_refusals_plainly
+from gateway.request_context import Charges
 from gateway.telemetry.record import RequestRecord
 from gateway.telemetry.service import Telemetry
 
@@ -68,11 +70,13 @@ class EdgeMiddleware:
         added = [(b"x-request-id", request_id.encode("ascii"))]
         operation = _OPERATIONS.get(scope["path"]) if scope["method"] == "POST" else None
         record: RequestRecord | None = None
+        charges = Charges()  # admission's charge, left by the pipeline (gateway/quota/)
         if operation is not None:
             record = self.telemetry.start(
                 request_id, operation, route=scope["path"], traceparent=traceparent or None
             )
             state["telemetry"] = record
+            state["charges"] = charges
             added.append((TRACE_ID_ASGI, record.trace.trace_id_hex.encode("ascii")))
 
         async def observed(message: Message) -> None:
@@ -82,8 +86,8 @@ class EdgeMiddleware:
                 message["headers"] = headers + added
                 if record is not None:
                     record.status = message["status"]
-                    if record.quota is not None:  # x-ratelimit-*, on whatever it answers
-                        message["headers"] += _encoded(record.quota.headers)
+                    if charges.charge is not None:  # x-ratelimit-*, on whatever it answers
+                        message["headers"] += _encoded(charges.charge.headers)
             elif kind == "http.response.body" and record is not None:
                 if not record.first_byte_ns and message.get("body"):
                     record.first_byte_ns = time.perf_counter_ns()
@@ -100,5 +104,5 @@ class EdgeMiddleware:
             record.end_ns = record.end_ns or time.perf_counter_ns()
             record.status = record.status or 500  # an error escaped: the server answers 500
             self.telemetry.finish(record)
-            if record.quota is not None:  # estimate -> the engines' count (gateway/quota/)
-                await record.quota.settle(record)
+            if charges.charge is not None:  # estimate -> the engines' count (gateway/quota/)
+                await charges.charge.settle(record)

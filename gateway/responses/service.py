@@ -34,7 +34,7 @@ from gateway.errors import InvalidRequest, NotFound
 from gateway.pipeline import Pipeline
 from gateway.policy import Endpoint
 from gateway.policy.schema import LimitsSpec
-from gateway.request_context import RequestContext
+from gateway.request_context import Charges, RequestContext
 from gateway.responses.compaction import Compactions, compact
 from gateway.responses.convert import (
     chat_body,
@@ -85,10 +85,12 @@ class ResponsesService:
         record: RequestRecord,
         access: TenantAccess = OPEN_ACCESS,
         identity: Identity | None = None,
+        charges: Charges | None = None,
     ) -> Served:
         """`access`: the caller's tenant; its responses and sessions are the only ones it
         can continue (another tenant's `previous_response_id` is 404). `identity`: the
-        caller's key (its rate limits)."""
+        caller's key (its rate limits); `charges`: the edge's, where admission leaves
+        what it charged."""
         tenant = access.name
         limits = self._tenants.of(tenant).limits
         request = _parse(raw, limits)
@@ -104,6 +106,7 @@ class ResponsesService:
             record=record,
             access=access,
             identity=identity,
+            charges=charges or Charges(),
         )
         served = await self._pipeline.handle(Endpoint.chat, body, context)
         if dropped := gateway_headers.tools_dropped(tools.dropped, response_id):

@@ -171,16 +171,6 @@ def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-class QuotaCharge(Protocol):
-    """What an admitted request was charged against its limits (gateway/quota/)."""
-
-    headers: dict[str, str]  # sent with its answer by the edge (middleware.py)
-
-    async def settle(self, record: RequestRecord) -> None:
-        """Called once, after the response's last byte: the charge becomes the actual."""
-        ...
-
-
 class Deferred(Protocol):
     """Work a request leaves for after its answer is sent (a shadow router's decision)."""
 
@@ -268,8 +258,6 @@ class RequestRecord:
         # opted in), sampled or not: the request log's `route_text` needs only this.
         self.content_allowed = False
         self.input_messages: Any = None
-        # Set when rate limits or a budget applied: settled by the edge (middleware.py).
-        self.quota: QuotaCharge | None = None
 
     @classmethod
     def detached(cls) -> RequestRecord:

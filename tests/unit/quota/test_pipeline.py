@@ -86,12 +86,13 @@ async def test_a_rate_limited_request_never_reaches_an_engine() -> None:
     assert len(upstream.calls) == 2
 
 
-async def test_an_admitted_request_carries_its_charge_for_the_edge() -> None:
+async def test_an_admitted_request_leaves_its_charge_for_the_edge() -> None:
     pipeline, _ = make(parse_policy(POLICY))
-    record = RequestRecord.detached()
-    await pipeline.handle(Endpoint.chat, body(), context("acme", record))
-    assert isinstance(record.quota, Grant)
-    assert record.quota.headers["x-ratelimit-remaining-requests"] == "1"
+    asked = context("acme")
+    await pipeline.handle(Endpoint.chat, body(), asked)
+    charge = asked.charges.charge
+    assert isinstance(charge, Grant)
+    assert charge.headers["x-ratelimit-remaining-requests"] == "1"
 
 
 async def test_over_budget_the_request_goes_to_the_downgrade_model_or_is_refused() -> None:
