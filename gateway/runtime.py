@@ -121,6 +121,7 @@ class Runtime:
     messages: MessagesService  # the Anthropic Messages API (gateway/anthropic/)
     approvals: Approvals  # the approvals API's (gateway/approvals/)
     tenants: TenantPolicies  # each tenant's settings, merged once (the admin API reads them)
+    prices: Prices  # the policy's prices, for telemetry's spend and the quota's budgets
     # Follows the engines' KV-cache events: routing forgets a cache its engine lost.
     kv_events: KvEventSubscriber | None = None
     # Placements and in-flight counts shared with the other gateways (gateway/sharing/);
@@ -152,7 +153,7 @@ class Runtime:
         """Make this the runtime new requests use. Synchronous on purpose: nothing else
         runs on the event loop between the first assignment and the last."""
         services.engine_loads.source = self.scraper
-        services.telemetry.prices = Prices(self.policy)
+        services.telemetry.prices = self.prices
         registry = services.metrics.registry
         if previous is not None:
             registry.unregister(previous.fleet_view)  # no scrape sees both
@@ -192,6 +193,7 @@ def build_runtime(policy: Policy, services: Services, previous: Runtime | None =
     """Build, start nothing: safe to call off the event loop (a reload does, so loading a
     tokenizer or a learned router does not stall requests in flight)."""
     metrics = services.metrics
+    prices = Prices(policy)
     fleet = Fleet(policy, previous.fleet if previous is not None else None)
     breakers = (
         previous.breakers
@@ -264,7 +266,11 @@ def build_runtime(policy: Policy, services: Services, previous: Runtime | None =
             if policy.approvals.enabled or policy.tool_calls.holds
             else None
         ),
-        quota=Quota(policy, RedisQuotaStore(redis), metrics) if quota_applies(policy) else None,
+        quota=(
+            Quota(policy, RedisQuotaStore(redis), metrics, prices=prices)
+            if quota_applies(policy)
+            else None
+        ),
     )
     return Runtime(
         policy=policy,
@@ -287,6 +293,7 @@ def build_runtime(policy: Policy, services: Services, previous: Runtime | None =
         messages=MessagesService(pipeline, tenants=tenants),
         approvals=approvals,
         tenants=tenants,
+        prices=prices,
         kv_events=KvEventSubscriber(fleet.all_replicas, router.forget, metrics, chains),
         sharing=sharing,
     )

@@ -86,7 +86,9 @@ class Quota:
         metrics: GatewayMetrics,
         *,
         clock: Callable[[], float] = time.time,
+        prices: Prices | None = None,
     ) -> None:
+        """`prices`: the runtime's, which telemetry's spend uses too; else the policy's."""
         self._store = store
         self._metrics = metrics
         self._clock = clock  # names budget periods only; buckets run on Redis's clock
@@ -96,7 +98,7 @@ class Quota:
             for name, spec in policy.tenants.items()
             if spec.rate_limits or spec.key_rate_limits or spec.budget
         }
-        self._prices = Prices(policy)
+        self._prices = prices or Prices(policy)
         self._price_of = {
             alias: _alias_price(policy, self._prices, alias) for alias in policy.models
         }
