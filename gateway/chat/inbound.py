@@ -5,7 +5,8 @@ unchanged; every field the gateway does not own is passed through untouched.
 The policy's `limits` (message and tool counts, JSON nesting depth, the `max_tokens` and
 `n` ceilings) are checked here, in the same pass, so nothing later on the request path (the
 canonicalizer's recursive key sort, orjson re-serialising the body, the session store)
-ever meets a body a working agent would not send.
+ever meets a body a working agent would not send. So are media URLs, which the engine
+would fetch (gateway/untrusted/media_urls.py).
 
 A `json_schema` response format is prepared here too (gateway/untrusted/schemas.py): a
 schema the gateway will not apply (a reference outside it, a loop, too large, a pattern
@@ -25,6 +26,7 @@ from gateway.errors import InvalidRequest
 from gateway.policy import Endpoint
 from gateway.policy.schema import LimitsSpec
 from gateway.untrusted.json_depth import deeper_by_walk, depth_probe
+from gateway.untrusted.media_urls import check_media_urls
 from gateway.untrusted.schemas import ClientSchema, UnsafeSchema, prepare
 
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
@@ -132,6 +134,8 @@ def parse_request(
     if endpoint is Endpoint.chat:
         _check_messages(body, limits.max_messages)
         _check_tools(body, limits.max_tools)
+    if isinstance(messages := body.get("messages"), list):  # embeddings may carry them too
+        check_media_urls(messages, limits.media_url_hosts)  # the engine would fetch them
     elif endpoint is Endpoint.completions:
         _require(body, "prompt")
     else:

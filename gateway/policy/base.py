@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from gateway.untrusted.media_urls import HOST_NAME
 
 
 class Strict(BaseModel):
@@ -12,3 +14,15 @@ class Strict(BaseModel):
 
 
 Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$", max_length=128)]
+
+
+def _host_name(host: str) -> str:
+    if not HOST_NAME.fullmatch(host):
+        raise ValueError(
+            f"{host!r} is not a host name: letters, digits, '-' and '.' only "
+            "(no scheme, port, path or wildcard)"
+        )
+    return host.lower()
+
+
+HostName = Annotated[str, AfterValidator(_host_name)]  # compared lowercased

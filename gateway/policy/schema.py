@@ -17,7 +17,7 @@ from pydantic import Field, model_validator
 
 from gateway.policy.approvals import ApprovalsSpec
 from gateway.policy.auth import AuthSpec, TenantName, TenantSpec
-from gateway.policy.base import Name, Strict
+from gateway.policy.base import HostName, Name, Strict
 from gateway.policy.canonicalize import CanonicalizeSpec
 from gateway.policy.pools import PoolSpec
 from gateway.policy.quota import QuotaSpec
@@ -108,6 +108,16 @@ class LimitsSpec(Strict):
         description="Highest `n` (choices per request, chat and completions) a request may "
         "ask for; higher gets 400 integer_above_max_value. `n` multiplies the engine's work "
         "and the request's token estimate against rate limits and budgets.",
+    )
+    media_url_hosts: tuple[HostName, ...] = Field(
+        (),
+        description="Hosts whose URLs a chat request may name for an image, audio or video "
+        "part: the engine (a multimodal vLLM) fetches them, from inside the cluster. Empty, "
+        "the default: media only inline, as base64 `data:` URLs; a part naming any other URL "
+        "is 400 unsupported_media_url (gateway/untrusted/media_urls.py). Exact host names, "
+        "no scheme, port or wildcard; name only hosts that serve public media, and keep "
+        "the engines' redirects off (VLLM_MEDIA_URL_ALLOW_REDIRECTS=0), or a listed host "
+        "could send the engine elsewhere.",
     )
 
 

@@ -19,7 +19,7 @@ from typing import Literal, TypeVar
 
 from pydantic import BaseModel, Field
 
-from gateway.policy.base import Strict
+from gateway.policy.base import HostName, Strict
 
 # Per routable model alias: each tier the tenant may not use -> the tier it is served on.
 TierClamps = Mapping[str, Mapping[str, str]]
@@ -38,6 +38,9 @@ class LimitsOverride(Strict):
     max_n: int | None = Field(None, ge=1, description="Highest `n` (choices) asked for.")
     hosted_tools: Literal["drop", "refuse"] | None = Field(
         None, description="Tools the engine cannot run: left out, or refused with 400."
+    )
+    media_url_hosts: tuple[HostName, ...] | None = Field(
+        None, description="Hosts whose media URLs the engine may fetch (none: inline only)."
     )
 
 
