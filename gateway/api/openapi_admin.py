@@ -142,7 +142,10 @@ SCHEMAS: dict[str, Any] = {
             "capture_content": {"type": "boolean"},
             "limits": {
                 "type": "object",
-                "properties": {"hosted_tools": {"enum": ["drop", "refuse"]}},
+                "properties": {
+                    "hosted_tools": {"enum": ["drop", "refuse"]},
+                    "media_url_hosts": _STRINGS,
+                },
                 "additionalProperties": {"type": "integer"},
             },
             "trimming": {

@@ -11,7 +11,8 @@ would fetch (gateway/untrusted/media_urls.py).
 A `json_schema` response format is prepared here too (gateway/untrusted/schemas.py): a
 schema the gateway will not apply (a reference outside it, a loop, too large, a pattern
 RE2 cannot run) is a 400 before any engine is asked, whether or not the gateway checks
-the answer, since the engine compiles it as well.
+the answer, since the engine compiles it as well; and so are the same constraints asked
+through vLLM's own `structured_outputs` field (gateway/untrusted/structured_outputs.py).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from gateway.policy.schema import LimitsSpec
 from gateway.untrusted.json_depth import deeper_by_walk, depth_probe
 from gateway.untrusted.media_urls import check_media_urls
 from gateway.untrusted.schemas import ClientSchema, UnsafeSchema, prepare
+from gateway.untrusted.structured_outputs import check_structured_outputs
 
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 _CONTAINERS = frozenset({dict, list})
@@ -146,6 +148,8 @@ def parse_request(
     if endpoint is not Endpoint.embeddings:
         check_n(body, limits.max_n)
     response_schema = response_format_schema(body.get("response_format"))
+    if endpoint is not Endpoint.embeddings:
+        check_structured_outputs(body)  # vLLM's own constraints field, compiled by the engine
     return InboundRequest(endpoint, client_bytes, body, model, stream, response_schema)
 
 

@@ -6,7 +6,6 @@ URL parser would read it so."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import orjson
@@ -19,13 +18,11 @@ from starlette.testclient import TestClient
 
 from gateway.chat.inbound import parse_request
 from gateway.errors import InvalidRequest
-from gateway.policy import Endpoint, Policy, PolicyError, parse_policy
+from gateway.policy import Endpoint, PolicyError, parse_policy
 from gateway.policy.schema import LimitsSpec
 from gateway.tenants.settings import TenantPolicies
 from gateway.untrusted.media_urls import check_media_urls, host_of
-from tests.fakes import Call, FakeUpstream, Scripted
-from tests.policies import parse_with_redis
-from tests.unit.clients import OpenGateways
+from tests.fakes import FakeUpstream
 
 PNG = (
     "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR4nGNgYGAAAAAFAAFC"
@@ -191,36 +188,7 @@ def test_hosts_are_validated_at_load_and_set_per_tenant() -> None:
     assert TenantPolicies(policy).of("vision").limits.media_url_hosts == ("images.example.com",)
 
 
-# Through the app: a 400 in OpenAI's shape, and the engine is never asked.
-POLICY = """\
-version: 1
-pools:
-  chat:
-    served_model: served-tiny
-    serves: [chat, embeddings]
-    replicas: [{url: "http://a.test:1"}]
-models:
-  tiny: {pool: chat}
-"""
-COMPLETION = (
-    b'{"id":"c1","object":"chat.completion","created":1,"model":"served-tiny",'
-    b'"choices":[{"index":0,"message":{"role":"assistant","content":"a cat"},'
-    b'"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}'
-)
-
-
-@pytest.fixture
-def gateway(redis_url: str) -> Iterator[tuple[TestClient, FakeUpstream]]:
-    policy: Policy = parse_with_redis(POLICY, redis_url)
-
-    def answered(call: Call) -> Scripted:
-        return Scripted(body=COMPLETION)
-
-    gateways = OpenGateways()
-    yield gateways.open(policy, answered)
-    gateways.close_all()
-
-
+# Through the app (conftest.py): a 400 in OpenAI's shape, and the engine is never asked.
 def test_the_app_refuses_a_fetched_part_and_passes_inline_media(
     gateway: tuple[TestClient, FakeUpstream],
 ) -> None:
