@@ -7,6 +7,11 @@ Replays tau-bench conversations turn by turn through the gateway's real session 
 each conversation's history reaches 32 KB, against the Redis at --redis-url (default: the
 local one, database 9). Prints p50/p99 of the checkpoint write and of the session load,
 and the Redis memory a 32 KB session takes (MEMORY USAGE), then writes JSON.
+
+Then one long session in delta mode (the client sends each turn's new message only;
+`--long-turns`, default 3,000, tau-bench messages in turn): what `begin` (load the
+session, build the engine's conversation) costs at 10, 100, 1,000 and 3,000 turns. Every
+request of a session loads all its checkpoints, so this grows with the session.
 A benchmark, not a test.
 """
 
@@ -90,10 +95,52 @@ async def run(redis_url: str, limit: int) -> dict[str, Any]:
     }
 
 
+LONG_AT = (10, 100, 1_000, 3_000)
+
+
+async def long_session(redis_url: str, turns_total: int) -> list[dict[str, Any]]:
+    """`begin`'s time (best of 5) at each of `LONG_AT` turns of one delta-mode session."""
+    redis = aioredis.Redis.from_url(redis_url)
+    turns = SessionTurns(RedisCheckpoints(redis, ttl_s=600))
+    session = SessionRef("bench", uuid.uuid4().hex)
+    messages = [m for record in conversations(100) for m in record["messages"]]
+    users = [m for m in messages if m["role"] == "user"]
+    replies = [normalise(m) for m in messages if m["role"] == "assistant"]
+    rows: list[dict[str, Any]] = []
+    try:
+        for n in range(1, turns_total + 1):
+            body = {"model": "tiny", "messages": [users[n % len(users)]]}
+            if n - 1 in LONG_AT:  # the session holds n - 1 turns
+                best = min([await _timed(turns.begin(session, "delta", body)) for _ in range(5)])
+                stored = await redis.memory_usage(session.key("turns")) or 0
+                rows.append({"turns": n - 1, "begin_ms": round(best * 1e3, 2),
+                             "stored_bytes": int(stored)})  # fmt: skip
+                print(
+                    f"  {n - 1:>6,} turns: begin {best * 1e3:8.2f} ms, {int(stored):>12,} bytes stored",
+                    flush=True,
+                )
+            turn, sent = await turns.begin(session, "delta", body)
+            await turns.commit(
+                turn, engine_body=sent, reply=replies[n % len(replies)], usage=None,
+                route={"replica": "r", "reason": "prefix"}, request_id="b", model="tiny",
+            )  # fmt: skip
+    finally:
+        await redis.delete(session.key("turns"), session.key("blobs"))
+        await redis.aclose()
+    return rows
+
+
+async def _timed(work: Any) -> float:
+    started = time.perf_counter()
+    await work
+    return time.perf_counter() - started
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/9")
     parser.add_argument("--conversations", type=int, default=100)
+    parser.add_argument("--long-turns", type=int, default=LONG_AT[-1] + 1)
     parser.add_argument("--out", default=str(ROOT / ".run" / "bench" / "checkpoint-write.json"))
     args = parser.parse_args()
     report = asyncio.run(run(args.redis_url, args.conversations))
@@ -103,6 +150,8 @@ def main() -> int:
         figures = report[f"{name}_us"]
         print(f"{'checkpoint ' + name:<20} {figures['p50']:>8} {figures['p99']:>8}")
     print(f"redis memory per session: {report['redis_bytes_per_session']['mean']:,} bytes")
+    print("one long session, delta mode:")
+    report["long_session"] = asyncio.run(long_session(args.redis_url, args.long_turns))
     write_report(report, args.out)
     return 0
 
