@@ -61,6 +61,47 @@ def history(checkpoints: Sequence[Checkpoint], *, with_last_reply: bool = True) 
     return messages
 
 
+@dataclass(frozen=True)
+class Stored:
+    """What a request needs of its session's earlier turns, folded: the conversation (every
+    turn's new messages and reply), the declared entities' latest states, and where the
+    last turn's trimmed tail began. Loaded from a snapshot of the first turns plus the
+    turns after it (sessions/store.py), so a long session is not read turn by turn."""
+
+    turns: int = 0
+    messages: list[Message] = field(default_factory=list)
+    entities: dict[str, Any] = field(default_factory=dict)
+    trim_boundary: int = 0
+
+    def then(self, checkpoints: Sequence[Checkpoint]) -> Stored:
+        """This, followed by these turns (a rewrite starts the conversation afresh)."""
+        if not checkpoints:
+            return self
+        messages, entities = list(self.messages), dict(self.entities)
+        for checkpoint in checkpoints:
+            if checkpoint.rewrite:
+                messages = list(checkpoint.new_messages)
+            else:
+                messages.extend(checkpoint.new_messages)
+            if checkpoint.reply is not None:
+                messages.append(checkpoint.reply)
+            entities.update(checkpoint.entities)
+        last = checkpoints[-1].trim_boundary
+        return Stored(self.turns + len(checkpoints), messages, entities, last)
+
+    def snapshot(self) -> bytes:
+        """`<turns>\\n<JSON>`: the turn count first, which a Redis script reads."""
+        body = {"messages": self.messages, "entities": self.entities,
+                "trim_boundary": self.trim_boundary}  # fmt: skip
+        return b"%d\n" % self.turns + orjson.dumps(body)
+
+    @classmethod
+    def from_snapshot(cls, raw: bytes) -> Stored:
+        turns, _, body = raw.partition(b"\n")
+        data = orjson.loads(body)
+        return cls(int(turns), data["messages"], data["entities"], data["trim_boundary"])
+
+
 def new_messages(stored: list[Message], sent: list[Message]) -> tuple[list[Message], bool]:
     """What a client that resends its whole history added this turn: the part after the
     stored conversation, or everything (a rewrite) when the stored part was changed."""

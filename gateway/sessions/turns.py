@@ -17,7 +17,7 @@ from typing import Any, Literal
 from gateway.chat.messages import Message
 from gateway.chat.replies import normalise
 from gateway.errors import InvalidRequest
-from gateway.sessions.checkpoints import Checkpoint, history, new_messages, split_engine_request
+from gateway.sessions.checkpoints import Checkpoint, Stored, new_messages, split_engine_request
 from gateway.sessions.ids import SessionRef
 from gateway.sessions.store import CheckpointStore
 from gateway.trimming.conversation import latest_states
@@ -42,7 +42,7 @@ def context_mode(header: str | None) -> ContextMode:
 class Turn:
     session: SessionRef
     mode: ContextMode
-    prior: list[Checkpoint]
+    prior: Stored  # the session's earlier turns, folded
     new_messages: list[Message]
     rewrite: bool
     conversation: list[Message]  # the whole conversation this turn continues, new messages in
@@ -76,8 +76,8 @@ class SessionTurns:
         """The turn, and the body to send on (the whole conversation, in delta mode).
         `engine_context`: the engines' context window, for a trimming budget that sets
         none of its own."""
-        prior = await self.store.load(session)
-        stored = history(prior)
+        prior = await self.store.load_stored(session)
+        stored = prior.messages
         sent = [normalise(m) for m in body.get("messages") or ()]
         if mode == "delta":
             body = {**body, "messages": [*stored, *body.get("messages", ())]}
@@ -90,7 +90,7 @@ class SessionTurns:
         if trimmer is None:
             return turn, body
         # A rewritten history invalidates the old boundary: compaction starts afresh.
-        boundary = prior[-1].trim_boundary if prior and not turn.rewrite else 0
+        boundary = prior.trim_boundary if prior.turns and not turn.rewrite else 0
         engine_tokens = None
         if engine_context is not None and trimmer.follows_engine:
             engine_tokens = engine_context()
@@ -129,7 +129,8 @@ class SessionTurns:
             # The engine saw other messages than the conversation (volatile values moved):
             # keep them whole, so time travel shows exactly what it saw.
             checkpoint = replace(checkpoint, engine_messages=sent)
-        return await self.store.append(turn.session, checkpoint, blobs)
+        after = turn.prior.then([checkpoint])  # kept by the store as a snapshot at times
+        return await self.store.append(turn.session, checkpoint, blobs, after=after)
 
     def _changed_entities(self, turn: Turn, reply: Message | None) -> dict[str, Any]:
         """Declared entities whose state this turn's messages set, materialised; the
@@ -138,7 +139,7 @@ class SessionTurns:
         if trimmer is None or not trimmer.spec.state_tools:
             return {}
         after = [*turn.conversation, reply] if reply is not None else turn.conversation
-        old = materialised_entities(turn.prior)
+        old = turn.prior.entities
         new = latest_states(after, trimmer.spec.state_tools)
         return {entity: state for entity, state in new.items() if old.get(entity) != state}
 

@@ -7,6 +7,7 @@ the same tag, so they live in one slot (one node) and one MULTI/EXEC may touch t
     key                                    type    holds (written by)
     agw:{<tenant>/<session>}:turns         list    a checkpoint per turn (sessions/store.py)
     agw:{<tenant>/<session>}:blobs         hash    tool sets by digest (sessions/store.py)
+    agw:{<tenant>/<session>}:snapshot      string  its first turns folded (sessions/store.py)
     agw:{<tenant>/<session>}:usage         hash    its usage counters (telemetry/usage.py)
     agw:{<tenant>/<session>}:prefix        string  last prefix fingerprint (prefix_watch.py)
     agw:{<tenant>/<session>}:tier:<route>  string  its sticky tier (tiering/stickiness.py)

@@ -17,7 +17,7 @@ from gateway.policy import Endpoint, Policy, parse_policy
 from gateway.prompt.prefix_watch import MemoryFingerprints
 from gateway.request_context import RequestContext
 from gateway.routing.router import RoundRobinRouter
-from gateway.sessions.checkpoints import Checkpoint
+from gateway.sessions.checkpoints import Checkpoint, Stored
 from gateway.sessions.ids import SessionRef
 from gateway.sessions.store import MemoryCheckpoints
 from gateway.sessions.turns import SessionTurns
@@ -51,6 +51,11 @@ class Outage(MemoryCheckpoints):
         if self._reads:
             raise StateUnavailable("The session store is unreachable (ConnectionError).")
         return await super().load(session)
+
+    async def load_stored(self, session: SessionRef) -> Stored:
+        if self._reads:
+            raise StateUnavailable("The session store is unreachable (ConnectionError).")
+        return await super().load_stored(session)
 
     async def append(self, *args: Any, **kwargs: Any) -> int:
         raise StateUnavailable("The session store is unreachable (ConnectionError).")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from dataclasses import replace
 
 import pytest
 import redis.asyncio as aioredis
@@ -12,9 +13,16 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from gateway.errors import StateUnavailable
-from gateway.sessions.checkpoints import Checkpoint
+from gateway.sessions.checkpoints import Checkpoint, Stored
 from gateway.sessions.ids import SessionRef
-from gateway.sessions.store import CheckpointStore, MemoryCheckpoints, RedisCheckpoints
+from gateway.sessions.store import (
+    KEEP_SNAPSHOT,
+    LOAD_STORED,
+    SNAPSHOT_EVERY,
+    CheckpointStore,
+    MemoryCheckpoints,
+    RedisCheckpoints,
+)
 
 
 def turn(text: str) -> Checkpoint:
@@ -107,3 +115,96 @@ async def test_unreachable_redis_is_a_clear_503() -> None:
         assert failure.value.status == 503
     finally:
         await dead.aclose()
+
+
+# --- the snapshot: a long session read as one fold and the turns after it ---------------
+
+
+def varied(i: int) -> Checkpoint:
+    """Turn i of a session that rewrites its history now and then and sets entities."""
+    return replace(
+        turn(f"t{i}"),
+        rewrite=i % 37 == 5,
+        entities={f"e{i % 3}": {"v": i}} if i % 4 == 0 else {},
+        trim_boundary=i % 7,
+        reply=None if i % 11 == 0 else {"role": "assistant", "content": f"r{i}"},
+    )
+
+
+async def test_a_long_session_reads_the_same_from_its_snapshot_as_turn_by_turn(
+    store: CheckpointStore,
+) -> None:
+    session = fresh()
+    stored = Stored()
+    for i in range(1, SNAPSHOT_EVERY * 2 + 11):
+        checkpoint = varied(i)
+        stored = stored.then([checkpoint])
+        assert await store.append(session, checkpoint, {}, after=stored) == i
+        if i in (
+            1,
+            SNAPSHOT_EVERY - 1,
+            SNAPSHOT_EVERY,
+            SNAPSHOT_EVERY + 1,
+            2 * SNAPSHOT_EVERY + 10,
+        ):
+            loaded = await store.load_stored(session)
+            assert loaded == Stored().then(await store.load(session)) == stored
+
+
+async def test_the_snapshot_is_kept_every_so_many_turns_and_read_with_the_turns_after(
+    redis: aioredis.Redis,
+) -> None:
+    store, session = RedisCheckpoints(redis, ttl_s=600), fresh()
+    stored = Stored()
+    for i in range(1, SNAPSHOT_EVERY + 4):
+        stored = stored.then([varied(i)])
+        await store.append(session, varied(i), {}, after=stored)
+    snapshot = await redis.get(session.key("snapshot"))
+    assert isinstance(snapshot, bytes) and snapshot.startswith(b"%d\n" % SNAPSHOT_EVERY)
+    assert 590 < await redis.ttl(session.key("snapshot")) <= 600  # expires with the turns
+    script = redis.register_script(LOAD_STORED)
+    read = await script(keys=[session.key("turns"), session.key("snapshot")])
+    assert read[0] == snapshot and len(read) == 1 + 3  # the snapshot, then 3 turns
+    # Another gateway reads the list whole the first time, then from the snapshot.
+    other = RedisCheckpoints(redis, ttl_s=600)
+    assert await other.load_stored(session) == stored
+    assert await other.load_stored(session) == stored
+    assert await store.delete(session)
+    assert await redis.exists(session.key("snapshot")) == 0
+
+
+async def test_a_snapshot_is_not_kept_when_another_turn_came_between(
+    redis: aioredis.Redis,
+) -> None:
+    """Two gateways continuing one session at once: the one whose fold missed the other's
+    turn keeps no snapshot; a snapshot that counts more turns than the list is ignored."""
+    store, session = RedisCheckpoints(redis, ttl_s=600), fresh()
+    stored = Stored()
+    for i in range(1, SNAPSHOT_EVERY - 1):
+        stored = stored.then([varied(i)])
+        await store.append(session, varied(i), {}, after=stored)
+    await store.append(session, turn("from another gateway"), {})  # turn 63, unseen here
+    late = stored.then([varied(SNAPSHOT_EVERY)])  # this gateway's fold: 63 turns
+    assert await store.append(session, varied(SNAPSHOT_EVERY), {}, after=late) == SNAPSHOT_EVERY
+    assert await redis.exists(session.key("snapshot")) == 0
+    truth = Stored().then(await store.load(session))
+    assert await store.load_stored(session) == truth
+    # One that says it holds more turns than there are (the session deleted and made
+    # again under it) is not used.
+    await redis.set(
+        session.key("snapshot"), Stored(999, [{"role": "user", "content": "old"}]).snapshot()
+    )
+    assert await store.load_stored(session) == truth
+
+
+async def test_the_keep_script_writes_only_over_the_turn_it_was_given(
+    redis: aioredis.Redis,
+) -> None:
+    session = fresh()
+    await redis.rpush(session.key("turns"), b"turn one", b"turn two")
+    keep = redis.register_script(KEEP_SNAPSHOT)
+    keys = [session.key("turns"), session.key("snapshot")]
+    assert await keep(keys=keys, args=[2, b"another turn", b"2\n{}", 60]) == 0
+    assert await redis.exists(session.key("snapshot")) == 0
+    assert await keep(keys=keys, args=[2, b"turn two", b"2\n{}", 60]) == 1
+    await redis.delete(*keys)
