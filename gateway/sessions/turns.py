@@ -124,11 +124,11 @@ class SessionTurns:
             trim_boundary=turn.trimmed.boundary if turn.trimmed else 0,
             entities=entities,
         )
-        sent = [normalise(m) for m in engine_body.get("messages") or ()]
-        if sent != turn.conversation:
+        sent = engine_body.get("messages") or []
+        if not _same_messages(sent, turn.conversation):
             # The engine saw other messages than the conversation (volatile values moved):
             # keep them whole, so time travel shows exactly what it saw.
-            checkpoint = replace(checkpoint, engine_messages=sent)
+            checkpoint = replace(checkpoint, engine_messages=[normalise(m) for m in sent])
         after = turn.prior.then([checkpoint])  # kept by the store as a snapshot at times
         return await self.store.append(turn.session, checkpoint, blobs, after=after)
 
@@ -142,6 +142,16 @@ class SessionTurns:
         old = turn.prior.entities
         new = latest_states(after, trimmer.spec.state_tools)
         return {entity: state for entity, state in new.items() if old.get(entity) != state}
+
+
+def _same_messages(sent: list[Any], conversation: list[Message]) -> bool:
+    """Whether the engine was sent the conversation. Mostly the very same objects (the
+    stored history is put in front as it was read, and canonicalizing replaces only the
+    system message), so identity answers most pairs; normalising every message of a long
+    session on every turn had cost milliseconds."""
+    return len(sent) == len(conversation) and all(
+        a is b or normalise(a) == b for a, b in zip(sent, conversation, strict=True)
+    )
 
 
 def materialised_entities(checkpoints: list[Checkpoint]) -> dict[str, Any]:
