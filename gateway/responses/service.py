@@ -254,6 +254,10 @@ class ResponsesService:
         if record is None or not record.get("session"):
             raise _not_found(previous, "previous_response_id")
         session = SessionRef(tenant, record["session"])
+        latest = await self._checkpoints.load_stored(session)
+        if latest.turns and latest.last_request_id == record["request_id"]:
+            past = latest.messages  # continuing the latest response: no branch, no turn walk
+            return session, _without_instructions(record, past)
         checkpoints = await self._checkpoints.load(session)
         turn = next(
             (i + 1 for i, c in enumerate(checkpoints) if c.request_id == record["request_id"]),
@@ -263,10 +267,7 @@ class ResponsesService:
             raise _not_found(previous, "previous_response_id")
         if turn < len(checkpoints) and branch:  # continuing from an earlier response
             session = await fork_to_new_id(self._checkpoints, session, turn, f"{session.id}.b-")
-        past = history(checkpoints[:turn])
-        if record.get("instructions") and past and past[0].get("role") == "system":
-            past = past[1:]  # instructions are not carried over
-        return session, past
+        return session, _without_instructions(record, history(checkpoints[:turn]))
 
 
 def _not_found(response_id: str, param: str) -> NotFound:
@@ -324,3 +325,10 @@ def _check_text_schema(text: dict[str, Any] | None) -> None:
 
 def _object_or_none(value: Any) -> bool:
     return value is None or isinstance(value, dict)
+
+
+def _without_instructions(record: dict[str, Any], past: list[Message]) -> list[Message]:
+    """The history a continuation carries: instructions are not carried over."""
+    if record.get("instructions") and past and past[0].get("role") == "system":
+        return past[1:]
+    return past

@@ -72,6 +72,7 @@ class Stored:
     messages: list[Message] = field(default_factory=list)
     entities: dict[str, Any] = field(default_factory=dict)
     trim_boundary: int = 0
+    last_request_id: str = ""  # the last turn's (a Responses API continuation checks it)
 
     def then(self, checkpoints: Sequence[Checkpoint]) -> Stored:
         """This, followed by these turns (a rewrite starts the conversation afresh)."""
@@ -86,20 +87,28 @@ class Stored:
             if checkpoint.reply is not None:
                 messages.append(checkpoint.reply)
             entities.update(checkpoint.entities)
-        last = checkpoints[-1].trim_boundary
-        return Stored(self.turns + len(checkpoints), messages, entities, last)
+        last = checkpoints[-1]
+        turns = self.turns + len(checkpoints)
+        return Stored(turns, messages, entities, last.trim_boundary, last.request_id)
 
     def snapshot(self) -> bytes:
         """`<turns>\\n<JSON>`: the turn count first, which a Redis script reads."""
         body = {"messages": self.messages, "entities": self.entities,
-                "trim_boundary": self.trim_boundary}  # fmt: skip
+                "trim_boundary": self.trim_boundary,
+                "last_request_id": self.last_request_id}  # fmt: skip
         return b"%d\n" % self.turns + orjson.dumps(body)
 
     @classmethod
     def from_snapshot(cls, raw: bytes) -> Stored:
         turns, _, body = raw.partition(b"\n")
         data = orjson.loads(body)
-        return cls(int(turns), data["messages"], data["entities"], data["trim_boundary"])
+        return cls(
+            int(turns),
+            data["messages"],
+            data["entities"],
+            data["trim_boundary"],
+            data.get("last_request_id", ""),
+        )
 
 
 def new_messages(stored: list[Message], sent: list[Message]) -> tuple[list[Message], bool]:
