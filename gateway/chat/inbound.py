@@ -136,12 +136,12 @@ def parse_request(
     if endpoint is Endpoint.chat:
         _check_messages(body, limits.max_messages)
         _check_tools(body, limits.max_tools)
-    if isinstance(messages := body.get("messages"), list):  # embeddings may carry them too
-        check_media_urls(messages, limits.media_url_hosts)  # the engine would fetch them
     elif endpoint is Endpoint.completions:
         _require(body, "prompt")
     else:
         _require(body, "input")
+    if isinstance(messages := body.get("messages"), list):  # embeddings may carry them too
+        check_media_urls(messages, limits.media_url_hosts)  # the engine would fetch them
     _check_stream_options(body, stream)
     check_depth(body, limits.max_json_depth, walk="messages")
     check_max_tokens(body, _TOKEN_FIELDS[endpoint], limits.max_tokens)

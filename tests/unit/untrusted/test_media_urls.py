@@ -165,6 +165,11 @@ def test_chat_and_embeddings_bodies_are_checked_when_parsed() -> None:
     embeddings = {"model": "m", "input": "x", "messages": [user(image(METADATA))]}
     with pytest.raises(InvalidRequest):
         parse_request(Endpoint.embeddings, orjson.dumps(embeddings), LimitsSpec())
+    # The check comes after each endpoint's own required fields, never instead of them.
+    for endpoint, field in ((Endpoint.completions, "prompt"), (Endpoint.embeddings, "input")):
+        with pytest.raises(InvalidRequest) as missing:
+            parse_request(endpoint, orjson.dumps({"model": "m", "messages": []}), LimitsSpec())
+        assert missing.value.param == field
     allowed = LimitsSpec(media_url_hosts=("169.254.169.254",))
     assert parse_request(Endpoint.chat, orjson.dumps(chat), allowed).model == "m"
 
