@@ -9,38 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
-
-import pytest
 
 from gateway.quota.store import Bucket, Period, RedisQuotaStore
 from gateway.state.keys import quota_key
 from gateway.state.redis_client import GatedRedisCluster
-from tests.integration.test_redis_cluster import LocalCluster, _start_cluster
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    started = _start_cluster(Path(tmp_path_factory.mktemp("quota-cluster")))
-    yield started
-    started.stop()
-
-
-@pytest.fixture
-async def client(cluster: LocalCluster) -> AsyncIterator[GatedRedisCluster]:
-    opened = GatedRedisCluster.from_url(cluster.url, max_connections=32)
-    # Learn the slots first, as a serving gateway has: redis-py closes the connections of
-    # commands in flight while it first maps the cluster (they fail with AttributeError).
-    await opened.initialize()
-    yield opened
-    await opened.aclose()
+from tests.integration.test_redis_cluster import LocalCluster
 
 
 async def test_every_tenant_s_limits_hold_on_whichever_node_owns_it(
-    client: GatedRedisCluster, cluster: LocalCluster
+    cluster_client: GatedRedisCluster, local_cluster: LocalCluster
 ) -> None:
-    store = RedisQuotaStore(client)
+    store = RedisQuotaStore(cluster_client)
     owners = set()
     for _ in range(6):
         tenant = f"c-{uuid.uuid4().hex[:8]}"
@@ -57,10 +36,10 @@ async def test_every_tenant_s_limits_hold_on_whichever_node_owns_it(
         await store.settle(tenant, [tokens], [budget], -5, 0)
         used = (await store.admit(tenant, [], [budget], enforce_budget=True)).used
         assert used == ((5 * 10 - 5, 0),)  # five admitted at 10 each, 5 settled back
-        owners.add(cluster.owner(requests.key))
+        owners.add(local_cluster.owner(requests.key))
     assert len(owners) > 1  # the tenants landed on more than one node
 
-    await client.script_flush()  # a node restarted empty: redis-py loads the script again
+    await cluster_client.script_flush()  # a node restarted empty: redis-py loads the script again
     assert (
         await store.admit(tenant, [requests], [], enforce_budget=True)
     ).outcome == "rate_limited"
