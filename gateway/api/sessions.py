@@ -14,10 +14,9 @@ from gateway.api.json_response import json_response
 from gateway.chat.inbound import json_object
 from gateway.errors import Conflict, InvalidRequest, NotFound
 from gateway.runtime import current
-from gateway.sessions.checkpoints import Checkpoint, engine_request, history
+from gateway.sessions.checkpoints import Checkpoint, Stored, engine_request, history
 from gateway.sessions.ids import SessionRef, check_session_id
 from gateway.sessions.store import CheckpointStore, fork_to_new_id
-from gateway.sessions.turns import materialised_entities
 from gateway.tenants.identity import access_of
 from gateway.trimming.conversation import tool_results
 from gateway.untrusted.client_text import ascii_number
@@ -89,7 +88,7 @@ def build_sessions_router() -> APIRouter:
             "engine_request": engine_request(checkpoints, number, await store.blobs(session)),
             "reply": checkpoint.reply,
             # every declared entity's state as of this turn (trimming.state_tools)
-            "entities": materialised_entities(checkpoints[:number]),
+            "entities": Stored().then(checkpoints[:number]).entities,
         }
         return json_response(body)
 

@@ -49,15 +49,9 @@ class Checkpoint:
 
 def history(checkpoints: Sequence[Checkpoint], *, with_last_reply: bool = True) -> list[Message]:
     """The conversation after these turns: every turn's new messages and reply, in order."""
-    messages: list[Message] = []
-    for i, checkpoint in enumerate(checkpoints):
-        if checkpoint.rewrite:
-            messages = list(checkpoint.new_messages)
-        else:
-            messages.extend(checkpoint.new_messages)
-        last = i == len(checkpoints) - 1
-        if checkpoint.reply is not None and (with_last_reply or not last):
-            messages.append(checkpoint.reply)
+    messages = Stored().then(checkpoints).messages
+    if not with_last_reply and checkpoints and checkpoints[-1].reply is not None:
+        messages.pop()  # the last turn's reply is the last message
     return messages
 
 

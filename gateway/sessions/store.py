@@ -64,10 +64,10 @@ class CheckpointStore(Protocol):
         checkpoint: Checkpoint,
         blobs: dict[str, bytes],
         *,
-        after: Stored | None = None,
+        prior: Stored | None = None,
     ) -> int:
-        """Store a completed turn; return its number (1-based). `after`: the session
-        folded with this turn, which the store may keep as a snapshot."""
+        """Store a completed turn; return its number (1-based). `prior`: the session's
+        turns before it, folded (`load_stored`), from which the store may keep a snapshot."""
         ...
 
     async def fork(self, source: SessionRef, turns: int, target: SessionRef) -> bool:
@@ -171,7 +171,7 @@ class RedisCheckpoints:
         checkpoint: Checkpoint,
         blobs: dict[str, bytes],
         *,
-        after: Stored | None = None,
+        prior: Stored | None = None,
     ) -> int:
         turns, blob_key = session.key("turns"), session.key("blobs")
         snapshot_key = session.key("snapshot")
@@ -188,17 +188,18 @@ class RedisCheckpoints:
         except (aioredis.RedisError, OSError) as exc:
             raise _unavailable(exc) from None
         number = int(results[len(blobs)])
-        if after is not None and number == after.turns and number % SNAPSHOT_EVERY == 0:
-            await self._keep(session, number, written, after)
+        # Only when no other turn came between the read of `prior` and this append.
+        if prior is not None and number == prior.turns + 1 and number % SNAPSHOT_EVERY == 0:
+            await self._keep(session, number, written, prior.then([checkpoint]))
             self._seen_long(session)
         return number
 
-    async def _keep(self, session: SessionRef, number: int, written: bytes, after: Stored) -> None:
+    async def _keep(self, session: SessionRef, number: int, written: bytes, fold: Stored) -> None:
         """The snapshot at this turn; a shortcut only, so a failure just leaves the last."""
         try:
             await self._keep_snapshot(
                 keys=[session.key("turns"), session.key("snapshot")],
-                args=[number, written, after.snapshot(), self._ttl_s],
+                args=[number, written, fold.snapshot(), self._ttl_s],
             )
         except (aioredis.RedisError, OSError) as exc:
             log.warning("session snapshot not kept (%s): read whole until the next", exc)
@@ -251,7 +252,7 @@ class MemoryCheckpoints:
         checkpoint: Checkpoint,
         blobs: dict[str, bytes],
         *,
-        after: Stored | None = None,
+        prior: Stored | None = None,
     ) -> int:
         for name, value in blobs.items():
             self.blob_store.setdefault(session, {}).setdefault(name, value)

@@ -129,12 +129,11 @@ class SessionTurns:
             # The engine saw other messages than the conversation (volatile values moved):
             # keep them whole, so time travel shows exactly what it saw.
             checkpoint = replace(checkpoint, engine_messages=[normalise(m) for m in sent])
-        after = turn.prior.then([checkpoint])  # kept by the store as a snapshot at times
-        return await self.store.append(turn.session, checkpoint, blobs, after=after)
+        return await self.store.append(turn.session, checkpoint, blobs, prior=turn.prior)
 
     def _changed_entities(self, turn: Turn, reply: Message | None) -> dict[str, Any]:
         """Declared entities whose state this turn's messages set, materialised; the
-        earlier turns' checkpoints hold the rest (`materialised_entities` folds them)."""
+        earlier turns' checkpoints hold the rest (`Stored.then` folds them)."""
         trimmer = self.trimmer_of(turn.session.tenant)
         if trimmer is None or not trimmer.spec.state_tools:
             return {}
@@ -152,11 +151,3 @@ def _same_messages(sent: list[Any], conversation: list[Message]) -> bool:
     return len(sent) == len(conversation) and all(
         a is b or normalise(a) == b for a, b in zip(sent, conversation, strict=True)
     )
-
-
-def materialised_entities(checkpoints: list[Checkpoint]) -> dict[str, Any]:
-    """Every declared entity's state as of the last of these checkpoints."""
-    states: dict[str, Any] = {}
-    for checkpoint in checkpoints:
-        states.update(checkpoint.entities)
-    return states

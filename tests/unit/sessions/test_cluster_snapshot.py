@@ -26,8 +26,8 @@ async def test_long_sessions_read_from_their_snapshots_on_every_node(
     for session in sessions.values():
         stored = Stored()
         for i in range(1, SNAPSHOT_EVERY + 6):
+            await store.append(session, varied(i), {}, prior=stored)
             stored = stored.then([varied(i)])
-            await store.append(session, varied(i), {}, after=stored)
         assert await cluster_client.exists(session.key("snapshot")) == 1
         assert await store.load_stored(session) == stored
         assert await RedisCheckpoints(cluster_client, ttl_s=600).load_stored(session) == stored

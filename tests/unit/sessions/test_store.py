@@ -138,8 +138,8 @@ async def test_a_long_session_reads_the_same_from_its_snapshot_as_turn_by_turn(
     stored = Stored()
     for i in range(1, SNAPSHOT_EVERY * 2 + 11):
         checkpoint = varied(i)
+        assert await store.append(session, checkpoint, {}, prior=stored) == i
         stored = stored.then([checkpoint])
-        assert await store.append(session, checkpoint, {}, after=stored) == i
         if i in (
             1,
             SNAPSHOT_EVERY - 1,
@@ -157,8 +157,8 @@ async def test_the_snapshot_is_kept_every_so_many_turns_and_read_with_the_turns_
     store, session = RedisCheckpoints(redis, ttl_s=600), fresh()
     stored = Stored()
     for i in range(1, SNAPSHOT_EVERY + 4):
+        await store.append(session, varied(i), {}, prior=stored)
         stored = stored.then([varied(i)])
-        await store.append(session, varied(i), {}, after=stored)
     snapshot = await redis.get(session.key("snapshot"))
     assert isinstance(snapshot, bytes) and snapshot.startswith(b"%d\n" % SNAPSHOT_EVERY)
     assert 590 < await redis.ttl(session.key("snapshot")) <= 600  # expires with the turns
@@ -181,11 +181,11 @@ async def test_a_snapshot_is_not_kept_when_another_turn_came_between(
     store, session = RedisCheckpoints(redis, ttl_s=600), fresh()
     stored = Stored()
     for i in range(1, SNAPSHOT_EVERY - 1):
+        await store.append(session, varied(i), {}, prior=stored)
         stored = stored.then([varied(i)])
-        await store.append(session, varied(i), {}, after=stored)
     await store.append(session, turn("from another gateway"), {})  # turn 63, unseen here
-    late = stored.then([varied(SNAPSHOT_EVERY)])  # this gateway's fold: 63 turns
-    assert await store.append(session, varied(SNAPSHOT_EVERY), {}, after=late) == SNAPSHOT_EVERY
+    # This gateway's fold has 62 turns: it read before the other gateway's turn 63.
+    assert await store.append(session, varied(SNAPSHOT_EVERY), {}, prior=stored) == SNAPSHOT_EVERY
     assert await redis.exists(session.key("snapshot")) == 0
     truth = Stored().then(await store.load(session))
     assert await store.load_stored(session) == truth
