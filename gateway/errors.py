@@ -24,6 +24,8 @@
     +-- RateLimited                     429   rate_limit_error       code=rate_limit_exceeded,
     |                                     Retry-After and x-ratelimit-* (gateway/quota/)
     +-- BudgetExceeded                  429   insufficient_quota     code=budget_exceeded
+    +-- StoredBytesExceeded             429   insufficient_quota     code=stored_bytes_exceeded,
+                                          Retry-After (gateway/state/stored_bytes.py)
 
 Handlers raise these; `error_response` renders any of them in OpenAI's shape
 `{"error": {"message", "type", "param", "code"}}`, or, on the Anthropic Messages API's
@@ -219,6 +221,20 @@ class BudgetExceeded(GatewayError):
     status = 429
     error_type = "insufficient_quota"
     default_code = "budget_exceeded"
+
+
+class StoredBytesExceeded(GatewayError):
+    """The tenant's stored conversations hold `limits.stored_bytes` (gateway/state/
+    stored_bytes.py): nothing more is stored until some expire or are deleted."""
+
+    status = 429
+    error_type = "insufficient_quota"
+    default_code = "stored_bytes_exceeded"
+
+    def __init__(self, message: str, *, retry_after_s: int) -> None:
+        # Hours away, as a budget's end is: the SDKs' quick retries would only add load.
+        headers = {"Retry-After": str(retry_after_s), "x-should-retry": "false"}
+        super().__init__(message, headers=headers)
 
 
 class UpstreamRejected(GatewayError):

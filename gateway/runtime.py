@@ -64,6 +64,7 @@ from gateway.sessions.turns import SessionTurns
 from gateway.sharing.publishing import PublishingRouter
 from gateway.sharing.service import RoutingShare, new_instance_id
 from gateway.state.store import StateStore
+from gateway.state.stored_bytes import StoredBytes
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.prices import Prices
 from gateway.telemetry.service import Telemetry
@@ -227,8 +228,14 @@ def build_runtime(policy: Policy, services: Services, previous: Runtime | None =
     if isinstance(router, CacheAwareRouter):
         router.peer_inflight = peer_inflight
         router.engine_held = chains.held_at  # {} while no replica's events are followed
-    checkpoints = RedisCheckpoints(redis, ttl_s=policy.sessions.ttl_s)
     tenants = TenantPolicies(policy)  # each tenant's settings, merged once
+    stored = StoredBytes(
+        redis,
+        ttl_s=policy.sessions.ttl_s,
+        cap_of=lambda tenant: tenants.of(tenant).limits.stored_bytes,
+        on_count=lambda tenant, written: metrics.stored_bytes.labels(tenant).set(written),
+    )
+    checkpoints = RedisCheckpoints(redis, ttl_s=policy.sessions.ttl_s, stored=stored)
     trimmer, tenant_trimmers = policy_trimmers(policy.trimming, tenants)
     approvals = Approvals(
         RedisApprovals(redis, keep_s=policy.approvals.keep_s),
@@ -241,7 +248,7 @@ def build_runtime(policy: Policy, services: Services, previous: Runtime | None =
         client,
         fingerprints=RedisFingerprints(redis),
         metrics=metrics,
-        sessions=SessionTurns(checkpoints, trimmer, tenant_trimmers),
+        sessions=SessionTurns(checkpoints, trimmer, tenant_trimmers, stored=stored),
         tiers=TierChooser(
             policy,
             fleet,
@@ -286,9 +293,10 @@ def build_runtime(policy: Policy, services: Services, previous: Runtime | None =
         responses=ResponsesService(
             pipeline,
             checkpoints,
-            RedisResponseRecords(redis, ttl_s=policy.sessions.ttl_s),
-            compactions=Compactions(redis, ttl_s=policy.sessions.ttl_s),
+            RedisResponseRecords(redis, ttl_s=policy.sessions.ttl_s, stored=stored),
+            compactions=Compactions(redis, ttl_s=policy.sessions.ttl_s, stored=stored),
             tenants=tenants,
+            stored=stored,
         ),
         messages=MessagesService(pipeline, tenants=tenants),
         approvals=approvals,

@@ -59,8 +59,10 @@ def _errors(*statuses: int, shape: str = "Error") -> dict[str, Any]:
         413: "The body is larger than `limits.max_body_bytes` (or the tenant's own).",
         422: "The engine refused the request (its own 4xx is passed on).",
         429: "Every replica is at capacity (`overloaded`), a rate limit is reached "
-        "(`rate_limit_exceeded`), or the tenant's budget is spent (type `insufficient_quota`, "
-        "code `budget_exceeded`); `Retry-After` says when to try again.",
+        "(`rate_limit_exceeded`), the tenant's budget is spent (type `insufficient_quota`, "
+        "code `budget_exceeded`), or its stored conversations hold `limits.stored_bytes` "
+        "(`stored_bytes_exceeded`: requests that would store more); `Retry-After` says when "
+        "to try again.",
         502: "The engine failed or its answer failed the request's checks.",
         503: "No healthy replica, or the state store is unreachable.",
         504: "The engine did not answer in time.",

@@ -145,6 +145,7 @@ SCHEMAS: dict[str, Any] = {
                 "properties": {
                     "hosted_tools": {"enum": ["drop", "refuse"]},
                     "media_url_hosts": _STRINGS,
+                    "stored_bytes": {"type": ["integer", "null"], "description": "null: no cap."},
                 },
                 "additionalProperties": {"type": "integer"},
             },

@@ -109,6 +109,17 @@ class LimitsSpec(Strict):
         "ask for; higher gets 400 integer_above_max_value. `n` multiplies the engine's work "
         "and the request's token estimate against rate limits and budgets.",
     )
+    stored_bytes: int | None = Field(
+        None,
+        ge=1,
+        description="Most bytes a tenant's stored conversations (sessions with their tool "
+        "sets and snapshots, forks, stored responses, compactions) may hold in Redis; at it, "
+        "requests that would store more get 429 stored_bytes_exceeded with Retry-After until "
+        "some expire (`sessions.ttl_s` after their last write) or are deleted, and requests "
+        "that store nothing are served (gateway/state/stored_bytes.py). Unset, the default: "
+        "no cap. Set it for every tenant that is not trusted, so that together they stay "
+        "below Redis's maxmemory.",
+    )
     media_url_hosts: tuple[HostName, ...] = Field(
         (),
         description="Hosts whose URLs a chat request may name for an image, audio or video "

@@ -39,6 +39,9 @@ class LimitsOverride(Strict):
     hosted_tools: Literal["drop", "refuse"] | None = Field(
         None, description="Tools the engine cannot run: left out, or refused with 400."
     )
+    stored_bytes: int | None = Field(
+        None, ge=1, description="Most bytes its stored conversations may hold in Redis."
+    )
     media_url_hosts: tuple[HostName, ...] | None = Field(
         None, description="Hosts whose media URLs the engine may fetch (none: inline only)."
     )

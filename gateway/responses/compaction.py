@@ -27,6 +27,7 @@ from gateway.errors import InvalidRequest, StateUnavailable
 from gateway.policy.sessions import TrimmingSpec
 from gateway.state.keys import compaction_key
 from gateway.state.redis_client import RedisClient
+from gateway.state.stored_bytes import StoredBytes
 from gateway.trimming.tokens import TokenCounter
 from gateway.trimming.trim import Trimmed, Trimmer
 
@@ -34,19 +35,25 @@ PREFIX = "agw-compaction-v1:"
 
 
 class Compactions:
-    def __init__(self, redis: RedisClient, *, ttl_s: int) -> None:
+    def __init__(
+        self, redis: RedisClient, *, ttl_s: int, stored: StoredBytes | None = None
+    ) -> None:
         self._redis = redis
         self._ttl_s = ttl_s
+        self._stored = stored  # counted against the tenant's `limits.stored_bytes`
 
     async def put(self, tenant: str, messages: list[Message]) -> str:
         """Keeps the compacted messages; returns the item's `encrypted_content`."""
+        if self._stored is not None:
+            await self._stored.admit(tenant)
         ident = secrets.token_hex(16)
+        kept = orjson.dumps(messages)
         try:
-            await self._redis.set(
-                compaction_key(tenant, ident), orjson.dumps(messages), ex=self._ttl_s
-            )
+            await self._redis.set(compaction_key(tenant, ident), kept, ex=self._ttl_s)
         except (aioredis.RedisError, OSError) as exc:
             raise StateUnavailable(f"The compaction store is unreachable ({exc}).") from None
+        if self._stored is not None:
+            await self._stored.charge(tenant, "c", ident, len(kept))
         return PREFIX + ident
 
     async def hydrate(self, items: Any, tenant: str) -> dict[int, list[Message]]:

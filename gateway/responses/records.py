@@ -13,6 +13,7 @@ import redis.asyncio as aioredis
 from gateway.errors import StateUnavailable
 from gateway.state.keys import response_key
 from gateway.state.redis_client import RedisClient
+from gateway.state.stored_bytes import StoredBytes
 from gateway.tenants.identity import DEFAULT_TENANT
 
 
@@ -34,19 +35,25 @@ class RedisResponseRecords:
     """One key per response, tagged by the response id: `GET /v1/responses/{id}` knows
     only the id, so a record cannot share its session's slot."""
 
-    def __init__(self, redis: RedisClient, *, ttl_s: int) -> None:
+    def __init__(
+        self, redis: RedisClient, *, ttl_s: int, stored: StoredBytes | None = None
+    ) -> None:
         self._redis = redis
         self._ttl_s = ttl_s
+        # Counted against the tenant's `limits.stored_bytes`; checked when the response's
+        # turn began (a stored response is a session turn too), so never refused here.
+        self._stored = stored
 
     async def put(
         self, response_id: str, record: dict[str, Any], *, tenant: str = DEFAULT_TENANT
     ) -> None:
+        kept = orjson.dumps(record)
         try:
-            await self._redis.set(
-                response_key(tenant, response_id), orjson.dumps(record), ex=self._ttl_s
-            )
+            await self._redis.set(response_key(tenant, response_id), kept, ex=self._ttl_s)
         except (aioredis.RedisError, OSError) as exc:
             raise StateUnavailable(f"The response store is unreachable ({exc}).") from None
+        if self._stored is not None:
+            await self._stored.charge(tenant, "r", response_id, len(kept))
 
     async def get(self, response_id: str, *, tenant: str = DEFAULT_TENANT) -> dict[str, Any] | None:
         try:
@@ -60,9 +67,12 @@ class RedisResponseRecords:
 
     async def delete(self, response_id: str, *, tenant: str = DEFAULT_TENANT) -> bool:
         try:
-            return bool(await self._redis.delete(response_key(tenant, response_id)))
+            removed = await self._redis.delete(response_key(tenant, response_id))
         except (aioredis.RedisError, OSError) as exc:
             raise StateUnavailable(f"The response store is unreachable ({exc}).") from None
+        if self._stored is not None:
+            await self._stored.forget(tenant, "r", response_id)
+        return bool(removed)
 
 
 class MemoryResponseRecords:

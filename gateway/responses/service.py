@@ -50,6 +50,7 @@ from gateway.responses.tools import EngineTools, engine_tools
 from gateway.sessions.checkpoints import history
 from gateway.sessions.ids import SessionRef
 from gateway.sessions.store import CheckpointStore, fork_to_new_id
+from gateway.state.stored_bytes import StoredBytes
 from gateway.telemetry.record import RequestRecord
 from gateway.tenants.identity import DEFAULT_TENANT, OPEN_ACCESS, Identity, TenantAccess
 from gateway.tenants.settings import TenantPolicies
@@ -68,11 +69,13 @@ class ResponsesService:
         *,
         compactions: Compactions | None = None,
         tenants: TenantPolicies | None = None,
+        stored: StoredBytes | None = None,
     ) -> None:
         """`tenants`: each tenant's limits (gateway/tenants/settings.py); unset: the
         pipeline's. `compactions`: where compacted conversations are kept (without it,
-        compaction items are refused)."""
+        compaction items are refused). `stored`: what each tenant may still store."""
         self._pipeline = pipeline
+        self._stored = stored
         self._checkpoints = checkpoints
         self._records = records
         self._compactions = compactions
@@ -97,6 +100,8 @@ class ResponsesService:
         response_id = f"resp_{uuid.uuid4().hex}"
         created_at = int(time.time())
         store = request.get("store", True) is not False
+        if store and self._stored is not None:  # its session turn is checked too, if kept
+            await self._stored.admit(tenant)
         session, messages, tools = await self._conversation(request, limits, tenant, branch=store)
         stream = bool(request.get("stream"))
         body = chat_body(request, messages, stream, tools)

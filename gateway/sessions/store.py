@@ -19,6 +19,11 @@ and its append, and the session was not deleted and made again), it expires with
 turns, and a session without one (older, or forked) is read whole, as before. Time travel
 and forks read the turns themselves.
 
+What a session holds (its turns, tool sets and snapshot) counts against its tenant's
+`limits.stored_bytes` (gateway/state/stored_bytes.py), and is the tenant's again when
+the session expires or is deleted; a fork, which only writes, is refused once the tenant
+is full, and a turn is checked when it begins (sessions/turns.py).
+
 A fork never writes over a session: the target is checked and written by one Lua script
 on the target's slot, so of two forks racing to one new id exactly one lands, whole, and
 the other is told the id is taken (a check-then-write from the gateway could not promise
@@ -38,6 +43,7 @@ from gateway.errors import Conflict, StateUnavailable
 from gateway.sessions.checkpoints import Checkpoint, Stored
 from gateway.sessions.ids import MAX_ID_LENGTH, SessionRef
 from gateway.state.redis_client import RedisClient
+from gateway.state.stored_bytes import StoredBytes
 
 log = logging.getLogger(__name__)
 
@@ -113,17 +119,22 @@ return out
 
 # KEYS: turns, snapshot. ARGV: the turn number, the checkpoint this gateway appended as
 # it, the snapshot, its TTL (s). Written only when that turn is still the checkpoint there.
+# 0 when not written, else 1 + the length of the snapshot it replaced.
 KEEP_SNAPSHOT = """
 if redis.call('LINDEX', KEYS[1], tonumber(ARGV[1]) - 1) ~= ARGV[2] then return 0 end
+local before = redis.call('STRLEN', KEYS[2])
 redis.call('SET', KEYS[2], ARGV[3], 'EX', ARGV[4])
-return 1
+return before + 1
 """
 
 
 class RedisCheckpoints:
-    def __init__(self, redis: RedisClient, *, ttl_s: int) -> None:
+    def __init__(
+        self, redis: RedisClient, *, ttl_s: int, stored: StoredBytes | None = None
+    ) -> None:
         self._redis = redis
         self._ttl_s = ttl_s
+        self._stored = stored
         self._fork = redis.register_script(FORK)
         self._load_stored = redis.register_script(LOAD_STORED)
         self._keep_snapshot = redis.register_script(KEEP_SNAPSHOT)
@@ -188,6 +199,10 @@ class RedisCheckpoints:
         except (aioredis.RedisError, OSError) as exc:
             raise _unavailable(exc) from None
         number = int(results[len(blobs)])
+        if self._stored is not None:
+            added = [value for value, new in zip(blobs.values(), results, strict=False) if new]
+            added_bytes = len(written) + sum(map(len, added))
+            await self._stored.charge(session.tenant, "s", session.id, added_bytes)
         # Only when no other turn came between the read of `prior` and this append.
         if prior is not None and number == prior.turns + 1 and number % SNAPSHOT_EVERY == 0:
             await self._keep(session, number, written, prior.then([checkpoint]))
@@ -196,15 +211,21 @@ class RedisCheckpoints:
 
     async def _keep(self, session: SessionRef, number: int, written: bytes, fold: Stored) -> None:
         """The snapshot at this turn; a shortcut only, so a failure just leaves the last."""
+        snapshot = fold.snapshot()
         try:
-            await self._keep_snapshot(
+            kept = await self._keep_snapshot(
                 keys=[session.key("turns"), session.key("snapshot")],
-                args=[number, written, fold.snapshot(), self._ttl_s],
+                args=[number, written, snapshot, self._ttl_s],
             )
         except (aioredis.RedisError, OSError) as exc:
             log.warning("session snapshot not kept (%s): read whole until the next", exc)
+            return
+        if kept and self._stored is not None:  # it replaced the last: its growth is held
+            await self._stored.charge(session.tenant, "s", session.id, len(snapshot) - kept + 1)
 
     async def fork(self, source: SessionRef, turns: int, target: SessionRef) -> bool:
+        if self._stored is not None:
+            await self._stored.admit(target.tenant)
         try:
             items = await self._redis.lrange(source.key("turns"), 0, turns - 1)
             blobs = await self._redis.hgetall(source.key("blobs"))
@@ -217,6 +238,9 @@ class RedisCheckpoints:
             )
         except (aioredis.RedisError, OSError) as exc:
             raise _unavailable(exc) from None
+        if written and self._stored is not None:
+            copied = sum(map(len, items)) + sum(len(_bytes(value)) for value in blobs.values())
+            await self._stored.charge(target.tenant, "s", target.id, copied)
         return bool(written)
 
     async def delete(self, session: SessionRef) -> bool:
@@ -227,6 +251,8 @@ class RedisCheckpoints:
             self._long.pop(session, None)
         except (aioredis.RedisError, OSError) as exc:
             raise _unavailable(exc) from None
+        if self._stored is not None:
+            await self._stored.forget(session.tenant, "s", session.id)
         return bool(removed)
 
 

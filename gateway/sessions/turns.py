@@ -1,8 +1,10 @@
 """A request's turn in its session: hydrate before routing, checkpoint after the reply.
 
-`begin` reads the session's checkpoints. With `X-Context-Mode: delta` the client sent only
-what is new and the stored conversation is put in front of it; otherwise the client resent
-its history and only what it added is kept. `commit` appends the completed turn; it is
+`begin` refuses a turn once the tenant's conversations have written their
+`limits.stored_bytes` (its answer would be stored), then reads the session's checkpoints.
+With `X-Context-Mode: delta` the client sent only what is new and the stored conversation
+is put in front of it; otherwise the client resent its history and only what it added is
+kept. `commit` appends the completed turn; it is
 called before the client sees the end of the answer (`data: [DONE]`), and never for a turn
 that failed, which leaves the previous checkpoint as it was.
 """
@@ -20,6 +22,7 @@ from gateway.errors import InvalidRequest
 from gateway.sessions.checkpoints import Checkpoint, Stored, new_messages, split_engine_request
 from gateway.sessions.ids import SessionRef
 from gateway.sessions.store import CheckpointStore
+from gateway.state.stored_bytes import StoredBytes
 from gateway.trimming.conversation import latest_states
 from gateway.trimming.trim import Trimmed, Trimmer
 
@@ -55,10 +58,13 @@ class SessionTurns:
         store: CheckpointStore,
         trimmer: Trimmer | None = None,
         tenant_trimmers: Mapping[str, Trimmer | None] | None = None,
+        stored: StoredBytes | None = None,
     ) -> None:
         """`tenant_trimmers`: the tenants whose trimming differs from `trimmer`'s (off:
-        None), by name (gateway/trimming/per_tenant.py)."""
+        None), by name (gateway/trimming/per_tenant.py). `stored`: what each tenant's
+        conversations may still write."""
         self.store = store
+        self._stored = stored
         self.trimmer = trimmer
         self._tenant_trimmers = tenant_trimmers or {}
 
@@ -76,6 +82,8 @@ class SessionTurns:
         """The turn, and the body to send on (the whole conversation, in delta mode).
         `engine_context`: the engines' context window, for a trimming budget that sets
         none of its own."""
+        if self._stored is not None:
+            await self._stored.admit(session.tenant)
         prior = await self.store.load_stored(session)
         stored = prior.messages
         sent = [normalise(m) for m in body.get("messages") or ()]

@@ -28,6 +28,8 @@ the same tag, so they live in one slot (one node) and one MULTI/EXEC may touch t
     agw:quota:{<tenant>}:key:<id>:<unit>   hash    one key's rate bucket (quota/store.py)
     agw:quota:{<tenant>}:<period>:<date>   hash    budget used in a day or month (quota/store.py)
     agw:quota:{<tenant>}:once:<call id>    string  an admission's answer, 60 s (quota/store.py)
+    agw:stored:{<tenant>}:expiry           zset    its stored things by expiry (stored_bytes.py)
+    agw:stored:{<tenant>}:bytes            hash    their bytes, and the total (stored_bytes.py)
     agw:routing:{<pool>}:placements        stream  where gateways sent what (sharing/)
     agw:routing:{<pool>}:inflight          hash    gateway -> its in-flight counts (sharing/)
 
@@ -102,6 +104,12 @@ def quota_key(tenant: str, part: str) -> str:
     """A tenant's rate bucket or budget counter (`part`: `tenant:requests`,
     `key:<key id>:tokens`, `day:2025-06-01`, `month:2025-06`); one slot per tenant."""
     return "agw:quota:{" + _tag_text(tenant) + "}:" + part
+
+
+def stored_bytes_key(tenant: str, part: str) -> str:
+    """What a tenant's conversations hold (gateway/state/stored_bytes.py); `part`:
+    `expiry` or `bytes`. One slot per tenant: one script reads and writes both."""
+    return "agw:stored:{" + _tag_text(tenant) + "}:" + part
 
 
 # -- approvals (gateway/approvals/) ------------------------------------------------------

@@ -285,6 +285,14 @@ class GatewayMetrics:
             ["tenant", "limit", "action"],
             registry=self.registry,
         )
+        self.stored_bytes = Gauge(
+            "gateway_tenant_stored_bytes",
+            "Bytes the tenant's stored conversations hold in Redis, as this gateway last "
+            "counted them (tenants with limits.stored_bytes only; 429 stored_bytes_exceeded "
+            "at the limit).",
+            ["tenant"],
+            registry=self.registry,
+        )
         self.quota_store_failures = Counter(
             "gateway_quota_store_failures",
             "Quota calls Redis did not answer, by outcome: served (unmetered, fail open), "

@@ -23,6 +23,8 @@ from gateway.sessions.store import (
     MemoryCheckpoints,
     RedisCheckpoints,
 )
+from gateway.state.keys import stored_bytes_key
+from gateway.state.stored_bytes import StoredBytes
 
 
 def turn(text: str) -> Checkpoint:
@@ -208,3 +210,45 @@ async def test_the_keep_script_writes_only_over_the_turn_it_was_given(
     assert await redis.exists(session.key("snapshot")) == 0
     assert await keep(keys=keys, args=[2, b"turn two", b"2\n{}", 60]) == 1
     await redis.delete(*keys)
+
+
+async def test_what_a_session_holds_is_its_tenants_count_through_snapshots_forks_deletes(
+    redis: aioredis.Redis,
+) -> None:
+    """`limits.stored_bytes` counts what Redis holds for each session: its turns, its tool
+    sets once each, its latest snapshot; a fork's copy as the fork's own; nothing once
+    deleted (gateway/state/stored_bytes.py)."""
+    tenant = f"held-{uuid.uuid4().hex[:8]}"
+    stored_bytes = StoredBytes(redis, ttl_s=600, cap_of=lambda _: 10**9)
+    store = RedisCheckpoints(redis, ttl_s=600, stored=stored_bytes)
+    session, fork = SessionRef(tenant, "long"), SessionRef(tenant, "fork")
+
+    async def holds(ref: SessionRef) -> int:
+        turns = sum(map(len, await redis.lrange(ref.key("turns"), 0, -1)))
+        blobs = sum(map(len, (await redis.hgetall(ref.key("blobs"))).values()))
+        return turns + blobs + await redis.strlen(ref.key("snapshot"))
+
+    async def counted() -> dict[str, int]:
+        sizes = await redis.hgetall(stored_bytes_key(tenant, "bytes"))
+        return {(k.decode() if isinstance(k, bytes) else k): int(v) for k, v in sizes.items()}
+
+    try:
+        stored = Stored()
+        for i in range(1, 2 * SNAPSHOT_EVERY + 3):  # two snapshots, the second replacing
+            blobs = {"tools-a": b"[1]" * 50, f"tools-{i % 3}": b"[2]" * i}
+            await store.append(session, varied(i), blobs, prior=stored)
+            stored = stored.then([varied(i)])
+        assert await redis.strlen(session.key("snapshot")) > 0
+        assert await store.fork(session, 10, fork)
+        assert await counted() == {
+            "s:long": await holds(session),
+            "s:fork": await holds(fork),
+            "total": await holds(session) + await holds(fork),
+        }
+        assert await store.delete(session)
+        assert await counted() == {"s:fork": await holds(fork), "total": await holds(fork)}
+    finally:
+        await redis.delete(
+            stored_bytes_key(tenant, "expiry"), stored_bytes_key(tenant, "bytes"),
+            *(ref.key(part) for ref in (session, fork) for part in ("turns", "blobs", "snapshot")),
+        )  # fmt: skip

@@ -1,0 +1,181 @@
+"""What each tenant's stored conversations may hold: `limits.stored_bytes`.
+
+Sessions, stored responses and compactions live in the one Redis every tenant shares,
+each until `sessions.ttl_s` after its last write. Without a cap one tenant could fill it,
+at the pace the engines answer, and at `maxmemory` (`noeviction`) every tenant's turns
+would go unsaved. So the gateway keeps, per tenant, what each stored thing holds and when
+it expires, and a tenant whose things together hold its cap gets 429
+`stored_bytes_exceeded` for requests that would store more (a session turn, a fork, a
+compaction) until some expire or are deleted; requests that store nothing are served.
+
+Per tenant, two keys in its slot: a sorted set of its stored things (`s:<session>`,
+`r:<response>`, `c:<compaction>`) by expiry, and a hash of their bytes and their `total`.
+One script, on Redis's clock, drops what has expired from the total, then applies a write
+(bytes added, the expiry pushed back, as the write's own EXPIRE does to the keys) or a
+delete (the thing's bytes taken off). Counting what is held, thing by thing, is what keeps
+the cap a cap: a count of bytes written per window would fall below what is held for a
+session kept alive past the window by one small turn a week, and a delete could not be
+credited without being gamed. Values' bytes are counted (turns, new tool sets, the
+snapshot's growth, responses, compactions); Redis adds about 1.3x.
+
+The check before a request asks Redis nothing: a gateway learns that a tenant is full from
+the total its own writes bring back, and asks again at most every `RECHECK_S` while it is.
+So each gateway process may store the turns it admitted before it learnt: the cap is
+passed by at most those (a turn admitted is always stored: its answer was given). Redis
+unreachable: not counted, not refused (the writes themselves follow
+`sessions.on_store_outage`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import redis.asyncio as aioredis
+
+from gateway.errors import StoredBytesExceeded
+from gateway.state.keys import stored_bytes_key
+from gateway.state.redis_client import RedisClient
+
+log = logging.getLogger(__name__)
+
+RECHECK_S = 10.0  # a full tenant's total is asked again this often: deletes elsewhere show
+_EXPIRED_PER_CALL = 1000  # a call drops at most this many expired things (the rest: next)
+
+Kind = Literal["s", "r", "c"]  # a session, a stored response, a compaction
+
+# KEYS: the tenant's things by expiry (zset), their bytes and `total` (hash). ARGV: the
+# thing ('' to only read), the bytes it now holds more (an integer, may be negative) or
+# `forget`, its lifetime (s), how many expired things to drop at most.
+# Returns the total, and the seconds until the first thing expires (-1: none).
+COUNT = """
+local now = tonumber(redis.call('TIME')[1])
+local total = tonumber(redis.call('HGET', KEYS[2], 'total') or '0')
+local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, ARGV[4])
+for _, thing in ipairs(expired) do
+  total = total - tonumber(redis.call('HGET', KEYS[2], thing) or '0')
+  redis.call('HDEL', KEYS[2], thing)
+  redis.call('ZREM', KEYS[1], thing)
+end
+local thing = ARGV[1]
+if thing ~= '' then
+  local had = tonumber(redis.call('HGET', KEYS[2], thing) or '0')
+  if ARGV[2] == 'forget' then
+    total = total - had
+    redis.call('HDEL', KEYS[2], thing)
+    redis.call('ZREM', KEYS[1], thing)
+  else
+    local has = math.max(0, had + tonumber(ARGV[2]))
+    total = total + has - had
+    redis.call('HSET', KEYS[2], thing, has)
+    redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), thing)
+    redis.call('EXPIRE', KEYS[1], ARGV[3])
+    redis.call('EXPIRE', KEYS[2], ARGV[3])
+  end
+end
+if total < 0 then total = 0 end
+if redis.call('EXISTS', KEYS[2]) == 1 then  -- none: nothing held, and no key made
+  redis.call('HSET', KEYS[2], 'total', total)
+end
+local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+if first[2] == nil then return {total, -1} end
+return {total, math.max(1, math.floor(tonumber(first[2]) - now))}
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class _Full:
+    held: int  # the tenant's total when this gateway last saw it
+    first_expiry_at: float | None  # monotonic: when the first of its things expires
+    recheck_at: float  # monotonic
+
+
+class StoredBytes:
+    """What each tenant's conversations hold, against its cap (`cap_of`: None for a tenant
+    without one, which costs nothing: not even a count)."""
+
+    def __init__(
+        self,
+        redis: RedisClient,
+        *,
+        ttl_s: int,
+        cap_of: Callable[[str], int | None],
+        on_count: Callable[[str, int], None] | None = None,
+    ) -> None:
+        """`ttl_s`: how long a write keeps what it wrote (`sessions.ttl_s`); `on_count`:
+        told each tenant's total as its writes bring it back (a gauge)."""
+        self._redis = redis
+        self._ttl_s = ttl_s
+        self._cap_of = cap_of
+        self._on_count = on_count
+        self._count = redis.register_script(COUNT)
+        self._full: dict[str, _Full] = {}
+
+    async def admit(self, tenant: str) -> None:
+        """Raise StoredBytesExceeded if the tenant holds its cap, as far as this gateway
+        knows; asks Redis only every RECHECK_S while it does."""
+        full = self._full.get(tenant)
+        if full is None:
+            return
+        cap = self._cap_of(tenant)
+        if cap is None or full.held < cap:  # the policy changed: no cap, or a higher one
+            del self._full[tenant]
+            return
+        if time.monotonic() >= full.recheck_at:
+            if not await self._run(tenant, "", "0", cap):
+                return  # Redis unreachable: not refused
+            full = self._full.get(tenant)
+            if full is None:
+                return
+        raise _exceeded(tenant, cap, full)
+
+    async def charge(self, tenant: str, kind: Kind, name: str, added: int) -> None:
+        """A write of the tenant's has just stored `added` bytes more in one thing (fewer
+        where negative) and pushed its expiry back by the lifetime."""
+        cap = self._cap_of(tenant)
+        if cap is not None:
+            await self._run(tenant, f"{kind}:{name}", str(added), cap)
+
+    async def forget(self, tenant: str, kind: Kind, name: str) -> None:
+        """The thing was deleted: what it held is the tenant's again."""
+        cap = self._cap_of(tenant)
+        if cap is not None:
+            await self._run(tenant, f"{kind}:{name}", "forget", cap)
+
+    async def _run(self, tenant: str, thing: str, change: str, cap: int) -> bool:
+        """Run the count; False when Redis did not answer."""
+        expiry, sizes = stored_bytes_key(tenant, "expiry"), stored_bytes_key(tenant, "bytes")
+        try:
+            held, first_expiry_s = await self._count(
+                keys=[expiry, sizes], args=[thing, change, self._ttl_s, _EXPIRED_PER_CALL]
+            )
+        except (aioredis.RedisError, OSError) as exc:
+            log.warning("stored bytes of tenant %s not counted: %s", tenant, exc)
+            return False
+        held = int(held)
+        if self._on_count is not None:
+            self._on_count(tenant, held)
+        if held >= cap:
+            now = time.monotonic()
+            first = now + int(first_expiry_s) if int(first_expiry_s) > 0 else None
+            self._full[tenant] = _Full(held, first, now + RECHECK_S)
+        else:
+            self._full.pop(tenant, None)
+        return True
+
+
+def _exceeded(tenant: str, cap: int, full: _Full) -> StoredBytesExceeded:
+    # Retry-After: when the first stored thing expires, if nothing is deleted before then.
+    until = full.first_expiry_at if full.first_expiry_at is not None else full.recheck_at
+    wait_s = max(1, math.ceil(until - time.monotonic()))
+    return StoredBytesExceeded(
+        f"Tenant {tenant!r} holds {full.held:,} bytes of stored conversations, at or over "
+        f"its limit of {cap:,} (limits.stored_bytes): requests that would store more "
+        "(session turns, stored responses, forks, compactions) are refused until some "
+        "expire or are deleted. Requests that store nothing are served.",
+        retry_after_s=wait_s,
+    )
