@@ -266,7 +266,9 @@ def build_runtime(policy: Policy, services: Services, previous: Runtime | None =
             peer_inflight=peer_inflight,
             peer_tenants=sharing.peer_tenants if sharing is not None else None,
         ),
-        response_cache=RedisResponseCache(redis, ttl_s=policy.resilience.response_cache.ttl_s),
+        response_cache=RedisResponseCache(
+            redis, ttl_s=policy.resilience.response_cache.ttl_s, stored=stored
+        ),
         tenants=tenants,
         approvals=(
             ApprovalGate(policy.approvals, approvals)

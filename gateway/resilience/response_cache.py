@@ -18,6 +18,7 @@ import redis.asyncio as aioredis
 
 from gateway.state.keys import answer_key
 from gateway.state.redis_client import RedisClient
+from gateway.state.stored_bytes import StoredBytes
 from gateway.tenants.identity import DEFAULT_TENANT
 
 log = logging.getLogger(__name__)
@@ -42,9 +43,14 @@ class ResponseCache(Protocol):
 
 
 class RedisResponseCache:
-    def __init__(self, redis: RedisClient, *, ttl_s: int) -> None:
+    def __init__(
+        self, redis: RedisClient, *, ttl_s: int, stored: StoredBytes | None = None
+    ) -> None:
         self._redis = redis
         self._ttl_s = ttl_s
+        # A kept answer counts against the tenant's `limits.stored_bytes`; a tenant at its
+        # cap keeps no more (the cache is advisory: nothing is refused for it).
+        self._stored = stored
 
     async def get(self, key: str, *, tenant: str = DEFAULT_TENANT) -> bytes | None:
         try:
@@ -57,7 +63,13 @@ class RedisResponseCache:
         return value if isinstance(value, bytes) else str(value).encode()
 
     async def put(self, key: str, payload: bytes, *, tenant: str = DEFAULT_TENANT) -> None:
+        stored = self._stored
+        if stored is not None and stored.full(tenant):
+            return
         try:
             await self._redis.set(answer_key(tenant, key), payload, ex=self._ttl_s)
         except (aioredis.RedisError, OSError) as exc:
             log.warning("response cache not written: %s", exc)
+            return
+        if stored is not None:
+            await stored.put(tenant, "a", key, len(payload), ttl_s=self._ttl_s)

@@ -53,7 +53,7 @@ class Compactions:
         except (aioredis.RedisError, OSError) as exc:
             raise StateUnavailable(f"The compaction store is unreachable ({exc}).") from None
         if self._stored is not None:
-            await self._stored.charge(tenant, "c", ident, len(kept))
+            await self._stored.put(tenant, "c", ident, len(kept))
         return PREFIX + ident
 
     async def hydrate(self, items: Any, tenant: str) -> dict[int, list[Message]]:

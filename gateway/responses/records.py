@@ -53,7 +53,7 @@ class RedisResponseRecords:
         except (aioredis.RedisError, OSError) as exc:
             raise StateUnavailable(f"The response store is unreachable ({exc}).") from None
         if self._stored is not None:
-            await self._stored.charge(tenant, "r", response_id, len(kept))
+            await self._stored.put(tenant, "r", response_id, len(kept))
 
     async def get(self, response_id: str, *, tenant: str = DEFAULT_TENANT) -> dict[str, Any] | None:
         try:

@@ -9,14 +9,16 @@ it expires, and a tenant whose things together hold its cap gets 429
 compaction) until some expire or are deleted; requests that store nothing are served.
 
 Per tenant, two keys in its slot: a sorted set of its stored things (`s:<session>`,
-`r:<response>`, `c:<compaction>`) by expiry, and a hash of their bytes and their `total`.
-One script, on Redis's clock, drops what has expired from the total, then applies a write
-(bytes added, the expiry pushed back, as the write's own EXPIRE does to the keys) or a
-delete (the thing's bytes taken off). Counting what is held, thing by thing, is what keeps
-the cap a cap: a count of bytes written per window would fall below what is held for a
-session kept alive past the window by one small turn a week, and a delete could not be
-credited without being gamed. Values' bytes are counted (turns, new tool sets, the
-snapshot's growth, responses, compactions); Redis adds about 1.3x.
+`r:<response>`, `c:<compaction>`, `a:<kept answer>`) by expiry, and a hash of their bytes
+and their `total`. One script, on Redis's clock, drops what has expired from the total,
+then applies a write (bytes added or a value replaced, the expiry pushed back, as the
+write's own EXPIRE does to the keys) or a delete (the thing's bytes taken off). Counting
+what is held, thing by thing, is what keeps the cap a cap: a count of bytes written per
+window would fall below what is held for a session kept alive past the window by one small
+turn a week, and a delete could not be credited without being gamed. Values' bytes are
+counted (turns, new tool sets, the snapshot's growth, responses, compactions, answers the
+response cache keeps, which a full tenant's cache stops keeping instead of refusing
+anything); Redis adds about 1.3x.
 
 The check before a request asks Redis nothing: a gateway learns that a tenant is full from
 the total its own writes bring back, and asks again at most every `RECHECK_S` while it is.
@@ -46,11 +48,13 @@ log = logging.getLogger(__name__)
 RECHECK_S = 10.0  # a full tenant's total is asked again this often: deletes elsewhere show
 _EXPIRED_PER_CALL = 1000  # a call drops at most this many expired things (the rest: next)
 
-Kind = Literal["s", "r", "c"]  # a session, a stored response, a compaction
+# A session, a stored response, a compaction, an answer kept by the response cache.
+Kind = Literal["s", "r", "c", "a"]
 
 # KEYS: the tenant's things by expiry (zset), their bytes and `total` (hash). ARGV: the
-# thing ('' to only read), the bytes it now holds more (an integer, may be negative) or
-# `forget`, its lifetime (s), how many expired things to drop at most.
+# thing ('' to only read); the bytes it now holds more (an integer, may be negative), or
+# `=N` (it now holds N: a value written over), or `forget`; its lifetime (s); how many
+# expired things to drop at most.
 # Returns the total, and the seconds until the first thing expires (-1: none).
 COUNT = """
 local now = tonumber(redis.call('TIME')[1])
@@ -69,12 +73,20 @@ if thing ~= '' then
     redis.call('HDEL', KEYS[2], thing)
     redis.call('ZREM', KEYS[1], thing)
   else
-    local has = math.max(0, had + tonumber(ARGV[2]))
+    local has
+    if string.sub(ARGV[2], 1, 1) == '=' then
+      has = tonumber(string.sub(ARGV[2], 2))
+    else
+      has = math.max(0, had + tonumber(ARGV[2]))
+    end
     total = total + has - had
     redis.call('HSET', KEYS[2], thing, has)
     redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), thing)
-    redis.call('EXPIRE', KEYS[1], ARGV[3])
-    redis.call('EXPIRE', KEYS[2], ARGV[3])
+    -- the keys live as long as the longest-lived thing in them
+    if redis.call('TTL', KEYS[1]) < tonumber(ARGV[3]) then
+      redis.call('EXPIRE', KEYS[1], ARGV[3])
+      redis.call('EXPIRE', KEYS[2], ARGV[3])
+    end
   end
 end
 if total < 0 then total = 0 end
@@ -140,18 +152,37 @@ class StoredBytes:
         if cap is not None:
             await self._run(tenant, f"{kind}:{name}", str(added), cap)
 
+    async def put(
+        self, tenant: str, kind: Kind, name: str, size: int, *, ttl_s: int | None = None
+    ) -> None:
+        """A value of `size` bytes was written over the thing (or made it), to live `ttl_s`
+        (the lifetime when None)."""
+        cap = self._cap_of(tenant)
+        if cap is not None:
+            await self._run(tenant, f"{kind}:{name}", f"={size}", cap, ttl_s=ttl_s)
+
+    def full(self, tenant: str) -> bool:
+        """Whether the tenant holds its cap as far as this gateway last saw, asking nothing:
+        for what may skip a write instead of refusing a request (a cache)."""
+        seen = self._full.get(tenant)
+        cap = self._cap_of(tenant)
+        return seen is not None and cap is not None and seen.held >= cap
+
     async def forget(self, tenant: str, kind: Kind, name: str) -> None:
         """The thing was deleted: what it held is the tenant's again."""
         cap = self._cap_of(tenant)
         if cap is not None:
             await self._run(tenant, f"{kind}:{name}", "forget", cap)
 
-    async def _run(self, tenant: str, thing: str, change: str, cap: int) -> bool:
+    async def _run(
+        self, tenant: str, thing: str, change: str, cap: int, *, ttl_s: int | None = None
+    ) -> bool:
         """Run the count; False when Redis did not answer."""
         expiry, sizes = stored_bytes_key(tenant, "expiry"), stored_bytes_key(tenant, "bytes")
+        lifetime = self._ttl_s if ttl_s is None else ttl_s
         try:
             held, first_expiry_s = await self._count(
-                keys=[expiry, sizes], args=[thing, change, self._ttl_s, _EXPIRED_PER_CALL]
+                keys=[expiry, sizes], args=[thing, change, lifetime, _EXPIRED_PER_CALL]
             )
         except (aioredis.RedisError, OSError) as exc:
             log.warning("stored bytes of tenant %s not counted: %s", tenant, exc)

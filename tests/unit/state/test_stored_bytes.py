@@ -13,7 +13,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from gateway.errors import StoredBytesExceeded
-from gateway.state.keys import stored_bytes_key
+from gateway.resilience.response_cache import RedisResponseCache
+from gateway.state.keys import answer_key, stored_bytes_key
 from gateway.state.redis_client import GatedRedisCluster
 from gateway.state.stored_bytes import RECHECK_S, StoredBytes
 
@@ -213,3 +214,32 @@ async def test_the_count_runs_on_a_redis_cluster(cluster_client: GatedRedisClust
         await stored.admit(tenant)
     await stored.forget(tenant, "s", "two")
     await stored.admit(tenant)
+
+
+async def test_a_value_written_over_counts_once_for_its_own_lifetime(
+    redis: aioredis.Redis, tenant: str
+) -> None:
+    stored = meter(redis, {tenant: 10**6}, ttl_s=DAY)
+    await stored.charge(tenant, "s", "one", 100)  # lives a day
+    await stored.put(tenant, "a", "k", 500, ttl_s=60)
+    await stored.put(tenant, "a", "k", 300, ttl_s=60)  # the same answer kept again
+    assert await held(redis, tenant) == {"s:one": 100, "a:k": 300, "total": 400}
+    expiry = stored_bytes_key(tenant, "expiry")
+    assert await redis.zscore(expiry, "a:k") <= time.time() + 61  # type: ignore[operator]
+    assert await redis.ttl(expiry) > DAY - 5  # the keys live as long as their longest thing
+
+
+async def test_the_response_cache_keeps_no_more_answers_for_a_full_tenant(
+    redis: aioredis.Redis, tenant: str
+) -> None:
+    stored = meter(redis, {tenant: 1000})
+    cache = RedisResponseCache(redis, ttl_s=600, stored=stored)
+    try:
+        await cache.put("first", b"x" * 600, tenant=tenant)
+        assert (await held(redis, tenant))["a:first"] == 600
+        await stored.charge(tenant, "s", "one", 400)  # now full
+        await cache.put("second", b"y" * 10, tenant=tenant)  # skipped, nothing refused
+        assert await cache.get("second", tenant=tenant) is None
+        assert await cache.get("first", tenant=tenant) == b"x" * 600  # still served
+    finally:
+        await redis.delete(answer_key(tenant, "first"), answer_key(tenant, "second"))
