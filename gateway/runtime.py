@@ -122,6 +122,7 @@ class Runtime:
     messages: MessagesService  # the Anthropic Messages API (gateway/anthropic/)
     approvals: Approvals  # the approvals API's (gateway/approvals/)
     tenants: TenantPolicies  # each tenant's settings, merged once (the admin API reads them)
+    stored_bytes: StoredBytes  # what each tenant's conversations hold (the admin API shows)
     prices: Prices  # the policy's prices, for telemetry's spend and the quota's budgets
     # Follows the engines' KV-cache events: routing forgets a cache its engine lost.
     kv_events: KvEventSubscriber | None = None
@@ -303,6 +304,7 @@ def build_runtime(policy: Policy, services: Services, previous: Runtime | None =
         messages=MessagesService(pipeline, tenants=tenants),
         approvals=approvals,
         tenants=tenants,
+        stored_bytes=stored,
         prices=prices,
         kv_events=KvEventSubscriber(fleet.all_replicas, router.forget, metrics, chains),
         sharing=sharing,

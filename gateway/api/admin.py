@@ -132,7 +132,13 @@ def build_admin_router(tenants: Tenants) -> APIRouter:
     @router.get("/admin/tenants")
     async def list_tenants(request: Request) -> Response:
         # The running policy's (a reload rebuilds them): defaults and overrides merged.
-        settings = current(request.app.state).tenants
-        return json_response({"object": "list", "data": [s.public() for s in settings.listed()]})
+        runtime = current(request.app.state)
+        data = []
+        for settings in runtime.tenants.listed():
+            shown = settings.public()
+            if settings.limits.stored_bytes is not None:  # what it holds, beside its cap
+                shown["stored_bytes_held"] = await runtime.stored_bytes.held(settings.name)
+            data.append(shown)
+        return json_response({"object": "list", "data": data})
 
     return router

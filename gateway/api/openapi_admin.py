@@ -159,6 +159,11 @@ SCHEMAS: dict[str, Any] = {
                 },
             },
             "fallbacks": {"type": "object", "additionalProperties": _STRINGS},
+            "stored_bytes_held": {
+                "type": ["integer", "null"],
+                "description": "Only with `limits.stored_bytes`: the bytes its stored "
+                "conversations hold now (null: Redis did not answer).",
+            },
         },
     },
     "TenantList": _list_of("TenantSettings"),

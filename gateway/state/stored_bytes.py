@@ -138,7 +138,7 @@ class StoredBytes:
             del self._full[tenant]
             return
         if time.monotonic() >= full.recheck_at:
-            if not await self._run(tenant, "", "0", cap):
+            if await self._run(tenant, "", "0", cap) is None:
                 return  # Redis unreachable: not refused
             full = self._full.get(tenant)
             if full is None:
@@ -161,6 +161,12 @@ class StoredBytes:
         if cap is not None:
             await self._run(tenant, f"{kind}:{name}", f"={size}", cap, ttl_s=ttl_s)
 
+    async def held(self, tenant: str) -> int | None:
+        """What the tenant's conversations hold now, asked of Redis (None: it did not
+        answer, or the tenant has no cap, so nothing is counted)."""
+        cap = self._cap_of(tenant)
+        return None if cap is None else await self._run(tenant, "", "0", cap)
+
     def full(self, tenant: str) -> bool:
         """Whether the tenant holds its cap as far as this gateway last saw, asking nothing:
         for what may skip a write instead of refusing a request (a cache)."""
@@ -176,8 +182,8 @@ class StoredBytes:
 
     async def _run(
         self, tenant: str, thing: str, change: str, cap: int, *, ttl_s: int | None = None
-    ) -> bool:
-        """Run the count; False when Redis did not answer."""
+    ) -> int | None:
+        """Run the count: the tenant's total, or None when Redis did not answer."""
         expiry, sizes = stored_bytes_key(tenant, "expiry"), stored_bytes_key(tenant, "bytes")
         lifetime = self._ttl_s if ttl_s is None else ttl_s
         try:
@@ -186,7 +192,7 @@ class StoredBytes:
             )
         except (aioredis.RedisError, OSError) as exc:
             log.warning("stored bytes of tenant %s not counted: %s", tenant, exc)
-            return False
+            return None
         held = int(held)
         if self._on_count is not None:
             self._on_count(tenant, held)
@@ -196,7 +202,7 @@ class StoredBytes:
             self._full[tenant] = _Full(held, first, now + RECHECK_S)
         else:
             self._full.pop(tenant, None)
-        return True
+        return held
 
 
 def _exceeded(tenant: str, cap: int, full: _Full) -> StoredBytesExceeded:

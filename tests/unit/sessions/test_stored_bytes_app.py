@@ -6,6 +6,7 @@ store nothing, reads of what is stored, and the other tenant are served as befor
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -54,11 +55,19 @@ class Stack:
         raise AssertionError("never refused")
 
 
+ADMIN_KEY = f"sk-agw-admin-{uuid.uuid4().hex}"
+
+
 @pytest.fixture
 def stack(redis_url: str) -> Iterator[Stack]:
     capped, free = new_tenants()
+    admin = hashlib.sha256(ADMIN_KEY.encode()).hexdigest()
     policy = two_tenant_policy(
-        redis_url, capped, free, a_settings=f"limits: {{stored_bytes: {CAP}}},"
+        redis_url,
+        capped,
+        free,
+        a_settings=f"limits: {{stored_bytes: {CAP}}},",
+        auth=f"{{key_cache_ttl_s: 0, admin_keys: [{{sha256: {admin}}}]}}",
     )
     client, engine = open_gateway(policy)
     yield Stack(client, engine, capped, free)
@@ -96,6 +105,12 @@ def test_turns_are_stored_until_the_cap_then_refused_before_the_engine(
         held.close()
     metrics = stack.client.get("/metrics").text
     assert f'gateway_tenant_stored_bytes{{tenant="{stack.capped.name}"}} {float(total)}' in metrics
+    # The admin API shows what each capped tenant holds beside its cap.
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    shown = {t["name"]: t for t in stack.client.get("/admin/tenants", headers=admin).json()["data"]}
+    assert shown[stack.capped.name]["limits"]["stored_bytes"] == CAP
+    assert shown[stack.capped.name]["stored_bytes_held"] == total
+    assert "stored_bytes_held" not in shown[stack.free.name]
     # Deleting the session gives its bytes back: the tenant stores again at once.
     deleted = stack.client.delete(f"/v1/sessions/{session}", headers=stack.capped.headers)
     assert deleted.status_code == 200
