@@ -10,6 +10,7 @@ from starlette.responses import Response
 from gateway.api.json_response import json_response
 from gateway.edge.body import read_body
 from gateway.feedback.store import Feedback, FeedbackStore
+from gateway.runtime import current
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.tenants.identity import access_of
 
@@ -25,7 +26,8 @@ def build_feedback_router(metrics: GatewayMetrics) -> APIRouter:
         feedback = Feedback.parse(await read_body(request, MAX_BODY_BYTES))
         store: FeedbackStore = request.app.state.feedback
         tenant = access_of(request.scope["state"]).name
-        entry = await store.add(tenant, feedback)
+        stored = current(request.app.state).stored_bytes  # the tenant's limits.stored_bytes
+        entry = await store.add(tenant, feedback, stored=stored)
         metrics.feedback.labels(tenant).inc()
         return json_response(feedback.public(entry))
 

@@ -4,10 +4,17 @@ id, a score, the name of the score, a comment), stored per tenant.
     POST /v1/feedback  {"request_id": "...", "score": 0.8, "name": "user", "comment": "..."}
 
 The request id is the one the gateway answered with (`X-Request-Id`). Each tenant's
-feedback goes into its own stream (`agw:feedback:{<tenant>}`, trimmed to about
-`MAX_ENTRIES`), so a tenant can only ever label its own traffic: feedback naming another
-tenant's request id joins nothing when the log is exported, and nothing says whether such a
-request exists. The body is data: every field is checked, bounded and stored as text.
+feedback goes into its own stream (`agw:feedback:{<tenant>}`, trimmed to `MAX_ENTRIES`),
+so a tenant can only ever label its own traffic: feedback naming another tenant's request
+id joins nothing when the log is exported, and nothing says whether such a request exists.
+The body is data: every field is checked, bounded and stored as text.
+
+A tenant's feedback is stored conversation too: 100,000 entries of 4,000 characters can
+hold over a gigabyte, more than the shipped Redis's `maxmemory`. So one script adds an
+entry, trims the oldest past `MAX_ENTRIES`, and keeps the stream's bytes beside it
+(`agw:feedback:{<tenant>}:bytes`, in the same slot), which count against the tenant's
+`limits.stored_bytes` (gateway/state/stored_bytes.py) for as long as the stream is kept
+(it does not expire); feedback past the cap gets 429 `stored_bytes_exceeded`.
 """
 
 from __future__ import annotations
@@ -24,10 +31,34 @@ import redis.asyncio as aioredis
 from gateway.errors import InvalidRequest, StateUnavailable
 from gateway.state.keys import feedback_key
 from gateway.state.redis_client import RedisClient
+from gateway.state.stored_bytes import StoredBytes
 from gateway.untrusted.client_text import check_label
 
 MAX_ENTRIES = 100_000
 MAX_COMMENT_CHARS = 4000
+KEPT_S = 10 * 365 * 86_400  # the stream does not expire: counted as kept for ten years
+
+# KEYS: the stream, its bytes. ARGV: the entry's bytes (its fields' and values' lengths),
+# the most entries kept, then the fields and values. The entry's id and the stream's bytes,
+# the oldest entries past the most (and their bytes) removed. A stream older than its byte
+# count (kept before the count) never counts below nothing.
+ADD = """
+local id = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 3))
+local total = redis.call('INCRBY', KEYS[2], ARGV[1])
+local most = tonumber(ARGV[2])
+while redis.call('XLEN', KEYS[1]) > most do
+  local oldest = redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', 1)[1]
+  local size = 0
+  for _, part in ipairs(oldest[2]) do size = size + #part end
+  redis.call('XDEL', KEYS[1], oldest[1])
+  total = redis.call('INCRBY', KEYS[2], -size)
+end
+if total < 0 then
+  total = 0
+  redis.call('SET', KEYS[2], 0)
+end
+return {id, total}
+"""
 # The request ids the edge accepts from a client or makes itself (gateway/edge/middleware.py).
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:/=+-]{1,128}")
 _NAME = re.compile(r"[A-Za-z0-9._:-]{1,64}")
@@ -115,11 +146,18 @@ def _comment(value: Any) -> str | None:
 
 
 class FeedbackStore:
-    def __init__(self, redis: RedisClient) -> None:
+    def __init__(self, redis: RedisClient, *, max_entries: int = MAX_ENTRIES) -> None:
         self._redis = redis
+        self._max_entries = max_entries
+        self._add = redis.register_script(ADD)
 
-    async def add(self, tenant: str, feedback: Feedback) -> str:
-        """The stored entry's id (the stream's: time-ordered)."""
+    async def add(
+        self, tenant: str, feedback: Feedback, *, stored: StoredBytes | None = None
+    ) -> str:
+        """The stored entry's id (the stream's: time-ordered). `stored`: the tenant's
+        stored bytes, checked before and counted after."""
+        if stored is not None:
+            await stored.admit(tenant)
         fields = {
             "request_id": feedback.request_id,
             "score": repr(feedback.score),
@@ -128,18 +166,20 @@ class FeedbackStore:
         }
         if feedback.comment is not None:
             fields["comment"] = feedback.comment
+        flat = [part.encode() for pair in fields.items() for part in pair]
+        key = feedback_key(tenant)
         try:
-            entry = await self._redis.xadd(
-                feedback_key(tenant),
-                fields,  # type: ignore[arg-type]
-                maxlen=MAX_ENTRIES,
-                approximate=True,
+            entry, total = await self._add(
+                keys=[key, f"{key}:bytes"],
+                args=[sum(map(len, flat)), self._max_entries, *flat],
             )
         except (aioredis.RedisError, OSError) as exc:
             raise StateUnavailable(
                 f"The feedback store is unreachable ({type(exc).__name__})."
             ) from None
-        return entry.decode() if isinstance(entry, bytes) else str(entry)
+        if stored is not None:
+            await stored.put(tenant, "f", "feedback", int(total), ttl_s=KEPT_S)
+        return _text(entry)
 
     async def read(self, tenant: str, *, count: int = MAX_ENTRIES) -> list[dict[str, str]]:
         """The tenant's feedback, oldest first (for `gateway dataset export`)."""

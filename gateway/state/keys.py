@@ -19,6 +19,7 @@ the same tag, so they live in one slot (one node) and one MULTI/EXEC may touch t
     agw:approvals:{<tenant>}:index         zset    its approvals by time (approvals/store.py)
     agw:approvals:{<tenant>}:audit         stream  the tenant's audit log (approvals/audit.py)
     agw:feedback:{<tenant>}                stream  scores given to its requests (feedback/)
+    agw:feedback:{<tenant>}:bytes          string  the stream's bytes (feedback/)
     agw:usage:<tenant>:<day>               hash    a ledger day row (telemetry/usage.py)
     agw:usage:tenants                      set     tenants with ledger rows (telemetry/usage.py)
     agw:apikey:{<sha256 hex>}              hash    a key made at run time (tenants/stored_keys.py)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,14 +14,17 @@ from typing import Any
 import orjson
 import pytest
 import redis
+import redis.asyncio as aioredis
 from starlette.testclient import TestClient
 
 from gateway.cli import main
-from gateway.feedback.store import FeedbackStore
+from gateway.errors import StoredBytesExceeded
+from gateway.feedback.store import Feedback, FeedbackStore
 from gateway.offline.dataset import export
 from gateway.policy.sessions import StateSpec
-from gateway.state.keys import feedback_key
+from gateway.state.keys import feedback_key, stored_bytes_key
 from gateway.state.store import StateStore
+from gateway.state.stored_bytes import StoredBytes
 from tests.policies import with_redis
 from tests.unit.clients import TINY_POLICY
 from tests.unit.tenant_gateway import (
@@ -181,3 +185,54 @@ def test_dataset_export_reads_the_log_and_the_feedback(
     assert "--no-feedback" in capsys.readouterr().err
     log.write_text("not json\n")
     assert main([*argv[:-2], "--no-feedback"]) == 2
+
+
+async def test_the_stream_is_trimmed_to_its_most_entries_and_its_bytes_kept_exactly(
+    redis_url: str,
+) -> None:
+    """What a tenant's feedback holds is known to the byte, so it can count against the
+    tenant's `limits.stored_bytes`: over a gigabyte was possible before (100,000 entries of
+    4,000 characters, trimmed only by count)."""
+    client = aioredis.Redis.from_url(redis_url)
+    tenant = f"fb-{uuid.uuid4().hex[:8]}"
+    key = feedback_key(tenant)
+    try:
+        store = FeedbackStore(client, max_entries=5)
+        for i in range(12):
+            comment = "é" * (i * 37)  # multi-byte characters: bytes, not characters
+            await store.add(tenant, Feedback(f"req-{i}", 0.5, comment=comment or None))
+        entries = await client.xrange(key) or []
+        assert len(entries) == 5
+        held = sum(len(k) + len(v) for _, fields in entries for k, v in (fields or {}).items())
+        assert int(await client.get(f"{key}:bytes")) == held  # type: ignore[arg-type]
+        # A stream kept before the count existed never counts below nothing.
+        await client.set(f"{key}:bytes", 0)
+        await store.add(tenant, Feedback("req-x", 1.0))
+        assert int(await client.get(f"{key}:bytes")) >= 0  # type: ignore[arg-type]
+    finally:
+        await client.delete(key, f"{key}:bytes")
+        await client.aclose()
+
+
+async def test_feedback_counts_against_the_tenants_stored_bytes(redis_url: str) -> None:
+    client = aioredis.Redis.from_url(redis_url)
+    tenant = f"fb-{uuid.uuid4().hex[:8]}"
+    key = feedback_key(tenant)
+    stored = StoredBytes(client, ttl_s=600, cap_of=lambda _: 3000)
+    try:
+        store = FeedbackStore(client)
+        for i in range(3):  # each about 1,050 bytes: the third passes the cap
+            await store.add(tenant, Feedback(f"r{i}", 1.0, comment="x" * 1000), stored=stored)
+        with pytest.raises(StoredBytesExceeded):
+            await store.add(tenant, Feedback("r3", 1.0), stored=stored)
+        assert await client.xlen(key) == 3
+        sizes = await client.hgetall(stored_bytes_key(tenant, "bytes"))
+        assert int(sizes[b"f:feedback"]) == int(await client.get(f"{key}:bytes"))  # type: ignore[arg-type]
+    finally:
+        await client.delete(
+            key,
+            f"{key}:bytes",
+            stored_bytes_key(tenant, "expiry"),
+            stored_bytes_key(tenant, "bytes"),
+        )
+        await client.aclose()

@@ -123,13 +123,22 @@ def test_the_other_tenant_is_served_whatever_the_first_stored(stack: Stack) -> N
         assert stack.turn(stack.free, f"s-{uuid.uuid4().hex[:8]}", "x" * 2000)["status"] == 200
 
 
-def test_a_fork_is_refused_once_full(stack: Stack) -> None:
+def test_a_fork_and_feedback_are_refused_once_full(stack: Stack) -> None:
     session = f"s-{uuid.uuid4().hex[:8]}"
     stack.fill(session)
     forked = stack.client.post(
         f"/v1/sessions/{session}/fork", headers=stack.capped.headers, json={"turn": 1}
     )
     assert forked.status_code == 429 and forked.json()["error"]["code"] == "stored_bytes_exceeded"
+    feedback = stack.client.post(
+        "/v1/feedback", headers=stack.capped.headers, json={"request_id": "r1", "score": 1}
+    )
+    assert feedback.status_code == 429
+    assert feedback.json()["error"]["code"] == "stored_bytes_exceeded"
+    given = stack.client.post(
+        "/v1/feedback", headers=stack.free.headers, json={"request_id": "r1", "score": 1}
+    )
+    assert given.status_code == 200
 
 
 def test_the_sdks_see_a_quota_error_and_do_not_retry(stack: Stack) -> None:
