@@ -239,7 +239,7 @@ def build_runtime(policy: Policy, services: Services, previous: Runtime | None =
     checkpoints = RedisCheckpoints(redis, ttl_s=policy.sessions.ttl_s, stored=stored)
     trimmer, tenant_trimmers = policy_trimmers(policy.trimming, tenants)
     approvals = Approvals(
-        RedisApprovals(redis, keep_s=policy.approvals.keep_s),
+        RedisApprovals(redis, keep_s=policy.approvals.keep_s, stored=stored),
         AuditLog(redis, metrics, max_entries=policy.approvals.audit_max_entries),
     )
     pipeline = Pipeline(

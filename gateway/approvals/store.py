@@ -7,6 +7,10 @@
 `decision` and `closing` are written with HSETNX: of two reviewers deciding at once, or two
 requests releasing the same call, exactly one wins and the other learns it lost. An
 approval is kept `ttl_s + keep_s` after it was held, and `keep_s` after its decision.
+
+A held turn (the engine's calls and text) counts against the tenant's
+`limits.stored_bytes` for as long as it is kept (gateway/state/stored_bytes.py); it is
+never refused for it: holding a destructive call is the safe side.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from gateway.errors import StateUnavailable
 from gateway.sessions.ids import SessionRef
 from gateway.state.keys import approval_key, approvals_key
 from gateway.state.redis_client import RedisClient
+from gateway.state.stored_bytes import StoredBytes
 
 # Approvals a listing looks at, newest first (the rest are older than anyone lists).
 _LISTED = 1000
@@ -32,17 +37,21 @@ return 0
 
 
 class RedisApprovals:
-    def __init__(self, redis: RedisClient, *, keep_s: int) -> None:
+    def __init__(
+        self, redis: RedisClient, *, keep_s: int, stored: StoredBytes | None = None
+    ) -> None:
         self._redis = redis
         self._keep_s = keep_s
+        self._stored = stored
 
     async def add(self, approval: Approval) -> None:
         key = approval_key(approval.tenant, approval.id)
         lifetime = int(approval.expires_at - approval.created_at) + self._keep_s
         index = approvals_key(approval.tenant, "index")
+        held = approval.held_json()
         try:
             async with self._redis.pipeline(transaction=True) as tx:
-                tx.hset(key, "held", approval.held_json())
+                tx.hset(key, "held", held)
                 tx.expire(key, lifetime)
                 await tx.execute()
             # The index lives in the tenant's slot, the session pointer in the session's.
@@ -56,6 +65,8 @@ class RedisApprovals:
                 await self._redis.set(pointer, approval.id, ex=lifetime)
         except (aioredis.RedisError, OSError) as exc:
             raise _unavailable(exc) from None
+        if self._stored is not None:
+            await self._stored.put(approval.tenant, "p", approval.id, len(held), ttl_s=lifetime)
 
     async def get(self, tenant: str, approval_id: str) -> Approval | None:
         try:

@@ -114,7 +114,7 @@ class LimitsSpec(Strict):
         ge=1,
         description="Most bytes a tenant's stored conversations (sessions with their tool "
         "sets and snapshots, forks, stored responses, compactions, answers the response cache "
-        "keeps, feedback) may hold in Redis; at it, "
+        "keeps, feedback, turns held for approval) may hold in Redis; at it, "
         "requests that would store more get 429 stored_bytes_exceeded with Retry-After until "
         "some expire (`sessions.ttl_s` after their last write) or are deleted, and requests "
         "that store nothing are served (gateway/state/stored_bytes.py). Unset, the default: "

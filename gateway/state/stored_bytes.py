@@ -9,16 +9,16 @@ it expires, and a tenant whose things together hold its cap gets 429
 compaction) until some expire or are deleted; requests that store nothing are served.
 
 Per tenant, two keys in its slot: a sorted set of its stored things (`s:<session>`,
-`r:<response>`, `c:<compaction>`, `a:<kept answer>`, `f:feedback`) by expiry, and a hash
-of their bytes and their `total`. One script, on Redis's clock, drops what has expired
-from the total, then applies a write (bytes added or a value replaced, the expiry pushed
-back, as the write's own EXPIRE does to the keys) or a delete (the thing's bytes taken
-off). Counting what is held, thing by thing, is what keeps the cap a cap: a count of bytes
-written per window would fall below what is held for a session kept alive past the window
-by one small turn a week, and a delete could not be credited without being gamed. Values'
-bytes are counted (turns, new tool sets, the snapshot's growth, responses, compactions,
-answers the response cache keeps, which a full tenant's cache stops keeping instead of
-refusing anything); Redis adds about 1.3x.
+`r:<response>`, `c:<compaction>`, `a:<kept answer>`, `f:feedback`, `p:<approval>`) by
+expiry, and a hash of their bytes and their `total`. One script, on Redis's clock, drops
+what has expired from the total, then applies a write (bytes added or a value replaced,
+the expiry pushed back, as the write's own EXPIRE does to the keys) or a delete (the
+thing's bytes taken off). Counting what is held, thing by thing, is what keeps the cap a
+cap: a count of bytes written per window would fall below what is held for a session kept
+alive past the window by one small turn a week, and a delete could not be credited without
+being gamed. Values' bytes are counted (turns, new tool sets, the snapshot's growth,
+responses, compactions, answers the response cache keeps, which a full tenant's cache
+stops keeping instead of refusing anything); Redis adds about 1.3x.
 
 The check before a request asks Redis nothing: a gateway learns that a tenant is full from
 the total its own writes bring back, and asks again at most every `RECHECK_S` while it is.
@@ -49,8 +49,8 @@ RECHECK_S = 10.0  # a full tenant's total is asked again this often: deletes els
 _EXPIRED_PER_CALL = 1000  # a call drops at most this many expired things (the rest: next)
 
 # A session, a stored response, a compaction, an answer kept by the response cache, the
-# tenant's feedback stream.
-Kind = Literal["s", "r", "c", "a", "f"]
+# tenant's feedback stream, a turn held for approval.
+Kind = Literal["s", "r", "c", "a", "f", "p"]
 
 # KEYS: the tenant's things by expiry (zset), their bytes and `total` (hash). ARGV: the
 # thing ('' to only read); the bytes it now holds more (an integer, may be negative), or

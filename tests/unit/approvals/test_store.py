@@ -12,6 +12,8 @@ import redis.asyncio as aioredis
 from gateway.approvals.records import Closing, Decision
 from gateway.approvals.store import RedisApprovals
 from gateway.sessions.ids import SessionRef
+from gateway.state.keys import stored_bytes_key
+from gateway.state.stored_bytes import StoredBytes
 from tests.unit.approvals.conftest import pending_approval
 
 approval = pending_approval  # the one these tests hold
@@ -70,3 +72,19 @@ async def test_recent_lists_newest_first(store: RedisApprovals, tenant: str) -> 
         await store.add(one)
     assert [a.id for a in await store.recent(tenant)] == [a.id for a in reversed(made)]
     assert await store.recent("nobody-" + tenant) == []
+
+
+async def test_a_held_turn_counts_against_the_tenants_stored_bytes_while_kept(
+    redis: aioredis.Redis, tenant: str
+) -> None:
+    stored = StoredBytes(redis, ttl_s=600, cap_of=lambda _: 10**6)
+    held = approval(tenant)
+    try:
+        await RedisApprovals(redis, keep_s=120, stored=stored).add(held)
+        sizes = await redis.hgetall(stored_bytes_key(tenant, "bytes"))
+        kept = await redis.hget(f"agw:approval:{{{tenant}/{held.id}}}", "held")
+        assert int(sizes[f"p:{held.id}".encode()]) == len(kept or b"") > 0
+        expires = await redis.zscore(stored_bytes_key(tenant, "expiry"), f"p:{held.id}")
+        assert expires is not None and abs(expires - (time.time() + 180)) < 15  # ttl + keep
+    finally:
+        await redis.delete(stored_bytes_key(tenant, "expiry"), stored_bytes_key(tenant, "bytes"))
