@@ -55,45 +55,48 @@ Kind = Literal["s", "r", "c", "a", "f", "p"]
 # KEYS: the tenant's things by expiry (zset), their bytes and `total` (hash). ARGV: the
 # thing ('' to only read); the bytes it now holds more (an integer, may be negative), or
 # `=N` (it now holds N: a value written over), or `forget`; its lifetime (s); how many
-# expired things to drop at most.
-# Returns the total, and the seconds until the first thing expires (-1: none).
+# expired things to drop at most; the tenant's cap.
+# Returns the total, and at the cap the seconds until the first thing expires (-1: none,
+# or under the cap).
 COUNT = """
 local now = tonumber(redis.call('TIME')[1])
 local total = tonumber(redis.call('HGET', KEYS[2], 'total') or '0')
+local before = total
 local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, ARGV[4])
 for _, thing in ipairs(expired) do
   total = total - tonumber(redis.call('HGET', KEYS[2], thing) or '0')
   redis.call('HDEL', KEYS[2], thing)
   redis.call('ZREM', KEYS[1], thing)
 end
-local thing = ARGV[1]
-if thing ~= '' then
+local thing, change = ARGV[1], ARGV[2]
+if thing ~= '' and change ~= 'forget' then
   local had = tonumber(redis.call('HGET', KEYS[2], thing) or '0')
-  if ARGV[2] == 'forget' then
-    total = total - had
+  local has
+  if string.sub(change, 1, 1) == '=' then
+    has = tonumber(string.sub(change, 2))
+  else
+    has = math.max(0, had + tonumber(change))
+  end
+  total = math.max(0, total + has - had)
+  redis.call('HSET', KEYS[2], thing, has, 'total', total)
+  redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), thing)
+  -- the keys live as long as the longest-lived thing in them
+  if redis.call('TTL', KEYS[1]) < tonumber(ARGV[3]) then
+    redis.call('EXPIRE', KEYS[1], ARGV[3])
+    redis.call('EXPIRE', KEYS[2], ARGV[3])
+  end
+else
+  if thing ~= '' then
+    total = total - tonumber(redis.call('HGET', KEYS[2], thing) or '0')
     redis.call('HDEL', KEYS[2], thing)
     redis.call('ZREM', KEYS[1], thing)
-  else
-    local has
-    if string.sub(ARGV[2], 1, 1) == '=' then
-      has = tonumber(string.sub(ARGV[2], 2))
-    else
-      has = math.max(0, had + tonumber(ARGV[2]))
-    end
-    total = total + has - had
-    redis.call('HSET', KEYS[2], thing, has)
-    redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), thing)
-    -- the keys live as long as the longest-lived thing in them
-    if redis.call('TTL', KEYS[1]) < tonumber(ARGV[3]) then
-      redis.call('EXPIRE', KEYS[1], ARGV[3])
-      redis.call('EXPIRE', KEYS[2], ARGV[3])
-    end
+  end
+  if total < 0 then total = 0 end
+  if total ~= before then  -- written only when it moved: a read of nothing makes no key
+    redis.call('HSET', KEYS[2], 'total', total)
   end
 end
-if total < 0 then total = 0 end
-if redis.call('EXISTS', KEYS[2]) == 1 then  -- none: nothing held, and no key made
-  redis.call('HSET', KEYS[2], 'total', total)
-end
+if total < tonumber(ARGV[5]) then return {total, -1} end
 local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 if first[2] == nil then return {total, -1} end
 return {total, math.max(1, math.floor(tonumber(first[2]) - now))}
@@ -189,7 +192,7 @@ class StoredBytes:
         lifetime = self._ttl_s if ttl_s is None else ttl_s
         try:
             held, first_expiry_s = await self._count(
-                keys=[expiry, sizes], args=[thing, change, lifetime, _EXPIRED_PER_CALL]
+                keys=[expiry, sizes], args=[thing, change, lifetime, _EXPIRED_PER_CALL, cap]
             )
         except (aioredis.RedisError, OSError) as exc:
             log.warning("stored bytes of tenant %s not counted: %s", tenant, exc)

@@ -6,7 +6,10 @@ Replays tau-bench conversations turn by turn through the gateway's real session 
 (`SessionTurns.begin` then `commit`, what every session turn costs the request path) until
 each conversation's history reaches 32 KB, against the Redis at --redis-url (default: the
 local one, database 9). Prints p50/p99 of the checkpoint write and of the session load,
-and the Redis memory a 32 KB session takes (MEMORY USAGE), then writes JSON.
+and the Redis memory a 32 KB session takes (MEMORY USAGE), then writes JSON. The same
+replay again for a tenant with `limits.stored_bytes` (a cap it never reaches): what the
+count costs each turn (gateway/state/stored_bytes.py), each conversation replayed as both
+tenants in turn, so that the machine's drift falls on both.
 
 Then one long session in delta mode (the client sends each turn's new message only;
 `--long-turns`, default 3,000, tau-bench messages in turn): what `begin` (load the
@@ -36,6 +39,8 @@ from gateway.offline.replay.sim import percentile
 from gateway.sessions.ids import SessionRef
 from gateway.sessions.store import SNAPSHOT_EVERY, RedisCheckpoints
 from gateway.sessions.turns import SessionTurns
+from gateway.state.keys import stored_bytes_key
+from gateway.state.stored_bytes import StoredBytes
 from tests.bench.report import write_report
 from tests.bench.tau_routing import DATA
 
@@ -54,48 +59,68 @@ def conversations(limit: int) -> list[dict[str, Any]]:
 
 async def run(redis_url: str, limit: int) -> dict[str, Any]:
     redis = aioredis.Redis.from_url(redis_url)
-    turns = SessionTurns(RedisCheckpoints(redis, ttl_s=600))
+    capped_tenant = f"bench-capped-{uuid.uuid4().hex[:8]}"
+    stored = StoredBytes(redis, ttl_s=600, cap_of=lambda t: 10**12 if t == capped_tenant else None)
+    turns = SessionTurns(RedisCheckpoints(redis, ttl_s=600, stored=stored), stored=stored)
     writes: list[float] = []
     loads: list[float] = []
+    capped_writes: list[float] = []
+    capped_loads: list[float] = []
     memory: list[int] = []
     try:
-        for record in conversations(limit):
-            session = SessionRef("bench", uuid.uuid4().hex)
-            messages = record["messages"]
-            for i, message in enumerate(messages):
-                if message["role"] != "assistant":
-                    continue
-                history = messages[:i]
-                if len(orjson.dumps(history)) > HISTORY_BYTES:
-                    break
-                body = {"model": "tiny", "messages": history, "tools": record["tools"]}
-                t0 = time.perf_counter()
-                turn, sent = await turns.begin(session, "full", body)
-                t1 = time.perf_counter()
-                await turns.commit(
-                    turn, engine_body=sent, reply=normalise(message), usage=None,
-                    route={"replica": "r", "reason": "prefix"}, request_id="b", model="tiny",
-                )  # fmt: skip
-                t2 = time.perf_counter()
-                loads.append((t1 - t0) * 1e6)
-                writes.append((t2 - t1) * 1e6)
-            used = 0
-            for part in ("turns", "blobs"):
-                used += int(await redis.memory_usage(session.key(part)) or 0)
-            memory.append(used)
-            await redis.delete(session.key("turns"), session.key("blobs"))
+        for number, record in enumerate(conversations(limit)):
+            # Each conversation twice: as a tenant without a cap and as one with; which
+            # goes first alternates, so that neither pass gets a warmer Redis.
+            for capped in (False, True) if number % 2 == 0 else (True, False):
+                session = SessionRef(capped_tenant if capped else "bench", uuid.uuid4().hex)
+                messages = record["messages"]
+                for i, message in enumerate(messages):
+                    if message["role"] != "assistant":
+                        continue
+                    history = messages[:i]
+                    if len(orjson.dumps(history)) > HISTORY_BYTES:
+                        break
+                    body = {"model": "tiny", "messages": history, "tools": record["tools"]}
+                    t0 = time.perf_counter()
+                    turn, sent = await turns.begin(session, "full", body)
+                    t1 = time.perf_counter()
+                    await turns.commit(
+                        turn, engine_body=sent, reply=normalise(message), usage=None,
+                        route={"replica": "r", "reason": "prefix"}, request_id="b",
+                        model="tiny",
+                    )  # fmt: skip
+                    t2 = time.perf_counter()
+                    (capped_loads if capped else loads).append((t1 - t0) * 1e6)
+                    (capped_writes if capped else writes).append((t2 - t1) * 1e6)
+                if not capped:
+                    used = 0
+                    for part in ("turns", "blobs"):
+                        used += int(await redis.memory_usage(session.key(part)) or 0)
+                    memory.append(used)
+                await redis.delete(session.key("turns"), session.key("blobs"))
     finally:
+        await redis.delete(
+            stored_bytes_key(capped_tenant, "expiry"), stored_bytes_key(capped_tenant, "bytes")
+        )
         await redis.aclose()
-    writes.sort()
-    loads.sort()
     return {
         "turns": len(writes),
         "sessions": len(memory),
         "history_bytes_at_most": HISTORY_BYTES,
-        "write_us": {"p50": round(percentile(writes, 0.5)), "p99": round(percentile(writes, 0.99))},
-        "load_us": {"p50": round(percentile(loads, 0.5)), "p99": round(percentile(loads, 0.99))},
+        "write_us": _p50_p99(writes),
+        "load_us": _p50_p99(loads),
         "redis_bytes_per_session": {"mean": round(sum(memory) / max(1, len(memory)))},
+        "capped_tenant": {
+            "turns": len(capped_writes),
+            "write_us": _p50_p99(capped_writes),
+            "load_us": _p50_p99(capped_loads),
+        },
     }
+
+
+def _p50_p99(samples: list[float]) -> dict[str, int]:
+    ordered = sorted(samples)
+    return {"p50": round(percentile(ordered, 0.5)), "p99": round(percentile(ordered, 0.99))}
 
 
 LONG_AT = (10, 100, 1_000, 3_000)
@@ -166,6 +191,11 @@ def main() -> int:
     print(f"{'operation':<20} {'p50 us':>8} {'p99 us':>8}")
     for name in ("write", "load"):
         figures = report[f"{name}_us"]
+        print(f"{'checkpoint ' + name:<20} {figures['p50']:>8} {figures['p99']:>8}")
+    capped = report["capped_tenant"]
+    print(f"a tenant with limits.stored_bytes: {capped['turns']} turns")
+    for name in ("write", "load"):
+        figures = capped[f"{name}_us"]
         print(f"{'checkpoint ' + name:<20} {figures['p50']:>8} {figures['p99']:>8}")
     print(f"redis memory per session: {report['redis_bytes_per_session']['mean']:,} bytes")
     print("one long session, delta mode:")
