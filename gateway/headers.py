@@ -45,7 +45,9 @@ MEANINGS: dict[str, str] = {
     FALLBACK: "the fallback model that answered, or `cache` for a kept identical answer",
     SESSION: "the session the turn belongs to",
     SESSION_TURN: "the turn's number in its session, or `unsaved` when it was not kept",
-    DEGRADED: "`checkpoint`: the session store was unreachable, the turn served unsaved",
+    DEGRADED: "`checkpoint`: the session store was unreachable, the turn served unsaved; "
+    "`stored_bytes`: the tenant's stored conversations hold its `limits.stored_bytes`, the "
+    "turn served unsaved",
     PREFIX_CHANGE: "which parts of the prompt prefix changed since the session's last turn",
     TOOLS_DROPPED: "tools the engine cannot run (hosted or provider-defined), left out",
     BUDGET: "`downgraded`: served over budget by the policy's downgrade model",
@@ -60,12 +62,13 @@ MEANINGS: dict[str, str] = {
 TRACE_ID_ASGI = TRACE_ID.lower().encode("ascii")
 
 
-def turn_kept(turn_number: int | None) -> dict[str, str]:
+def turn_kept(turn_number: int | None, why: str | None = None) -> dict[str, str]:
     """The headers that tell the client which turn of its session was kept, or that none
-    was (the store was down, or the answer was not the engine's new one)."""
+    was, and why (`checkpoint`, the default: the store was down, or the answer was not the
+    engine's new one; `stored_bytes`: the tenant is at its cap)."""
     if turn_number:
         return {SESSION_TURN: str(turn_number)}
-    return {SESSION_TURN: "unsaved", DEGRADED: "checkpoint"}
+    return {SESSION_TURN: "unsaved", DEGRADED: why or "checkpoint"}
 
 
 _HEADER_SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-:")

@@ -202,8 +202,8 @@ class Pipeline:
                 call.request, session, context
             )
         unsaved = None
-        if degraded and session is not None:  # served, not kept: the client is told
-            record.degraded = "checkpoint"
+        if degraded is not None and session is not None:  # served, not kept: the client is told
+            record.degraded = degraded
             unsaved = session
         request, hide_usage = _with_usage(request)
         call = call.but(
@@ -352,7 +352,7 @@ class Pipeline:
         if session is not None:
             headers[gateway_headers.SESSION] = session.id
         if call.unsaved is not None:
-            headers.update(gateway_headers.turn_kept(None))
+            headers.update(gateway_headers.turn_kept(None, call.context.record.degraded))
         if isinstance(outcome, Live):
             return Served(headers, stream=outcome.relay)
         answer = outcome.answer

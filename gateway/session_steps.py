@@ -3,6 +3,11 @@ conversation put in front of it (hydration), and the turn's checkpoint once it i
 answered. What a store outage does to each follows `sessions.on_store_outage`: fail open
 serves the turn unsaved and says so; fail closed answers 503 (or an error event in place
 of `[DONE]`) and keeps nothing half-written.
+
+A tenant whose stored conversations hold its `limits.stored_bytes` has its turns served
+unsaved, and told so, when the client sent its whole history (nothing it needs is lost:
+its next kept turn takes in what this one did not); a delta-mode turn, which only the
+store can continue, is refused with 429 `stored_bytes_exceeded`.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from typing import Any
 
 from gateway.chat.inbound import InboundRequest
 from gateway.chat.messages import Message
-from gateway.errors import InvalidRequest, StateUnavailable
+from gateway.errors import InvalidRequest, StateUnavailable, StoredBytesExceeded
 from gateway.fleet.replicas import Fleet
 from gateway.policy import Endpoint
 from gateway.policy.sessions import SessionsSpec
@@ -56,9 +61,10 @@ class SessionSteps:
 
     async def hydrate(
         self, request: InboundRequest, session: SessionRef | None, context: RequestContext
-    ) -> tuple[Turn | None, InboundRequest, bool]:
+    ) -> tuple[Turn | None, InboundRequest, str | None]:
         """Continue the session: in delta mode, put the stored conversation in front. The
-        flag is True when the store could not be read and the turn is served unsaved."""
+        reason last is set when the turn is served unsaved: `checkpoint` (the store could
+        not be read) or `stored_bytes` (the tenant holds its cap)."""
         mode = context_mode(context.context_mode)
         if session is None or self._sessions is None:
             if mode == "delta":
@@ -68,7 +74,7 @@ class SessionSteps:
                     param="X-Context-Mode",
                     code="session_required",
                 )
-            return None, request, False
+            return None, request, None
         try:
             fleet = self._fleet
             turn, body = await self._sessions.begin(
@@ -85,7 +91,12 @@ class SessionSteps:
             # checkpoint takes in what this one could not store.
             log.warning("session %s not loaded, turn served unsaved: %s", session.id, exc)
             self._metrics.checkpoint_failures.inc()
-            return None, request, True
+            return None, request, "checkpoint"
+        except StoredBytesExceeded:
+            if mode == "delta":
+                raise  # 429: the next delta turn would need this one stored
+            self._metrics.checkpoints_over_cap.inc()
+            return None, request, "stored_bytes"
         if body is not request.body:
             request = request.with_body(body)
         if turn.trimmed is not None:
@@ -106,7 +117,7 @@ class SessionSteps:
                     {names.TRIMMED_TOKENS: trimmed.saved_tokens},
                 )
             )
-        return turn, request, False
+        return turn, request, None
 
     def checkpointer(
         self,

@@ -114,10 +114,13 @@ class LimitsSpec(Strict):
         ge=1,
         description="Most bytes a tenant's stored conversations (sessions with their tool "
         "sets and snapshots, forks, stored responses, compactions, answers the response cache "
-        "keeps, feedback, turns held for approval) may hold in Redis; at it, "
-        "requests that would store more get 429 stored_bytes_exceeded with Retry-After until "
-        "some expire (`sessions.ttl_s` after their last write) or are deleted, and requests "
-        "that store nothing are served (gateway/state/stored_bytes.py). Unset, the default: "
+        "keeps, feedback, turns held for approval) may hold in Redis; at it, a session "
+        "turn whose client sent its whole history is served unsaved (X-Gateway-Degraded: "
+        "stored_bytes), and requests that need the store or ask to be stored (delta mode, "
+        "`store`, forks, compactions, feedback) get 429 stored_bytes_exceeded with "
+        "Retry-After until some expire (`sessions.ttl_s` after their last write) or are "
+        "deleted; requests that store nothing are served (gateway/state/stored_bytes.py). "
+        "Unset, the default: "
         "no cap. Set it for every tenant that is not trusted, so that together they stay "
         "below Redis's maxmemory.",
     )

@@ -1,12 +1,14 @@
 """What each tenant's stored conversations may hold: `limits.stored_bytes`.
 
-Sessions, stored responses and compactions live in the one Redis every tenant shares,
-each until `sessions.ttl_s` after its last write. Without a cap one tenant could fill it,
-at the pace the engines answer, and at `maxmemory` (`noeviction`) every tenant's turns
-would go unsaved. So the gateway keeps, per tenant, what each stored thing holds and when
-it expires, and a tenant whose things together hold its cap gets 429
-`stored_bytes_exceeded` for requests that would store more (a session turn, a fork, a
-compaction) until some expire or are deleted; requests that store nothing are served.
+Sessions, stored responses, compactions, kept answers, feedback and held approvals live in
+the one Redis every tenant shares. Without a cap one tenant could fill it, at the pace the
+engines answer, and at `maxmemory` (`noeviction`) every tenant's turns would go unsaved.
+So the gateway keeps, per tenant, what each stored thing holds and when it expires, and a
+tenant whose things together hold its cap stores no more until some expire or are
+deleted: `admit` raises 429 `stored_bytes_exceeded`, which the session steps turn into a
+turn served unsaved where the client sent its whole history (gateway/session_steps.py),
+and which refuses the rest (delta-mode turns, stored responses, forks, compactions,
+feedback). Requests that store nothing are served as before.
 
 Per tenant, two keys in its slot: a sorted set of its stored things (`s:<session>`,
 `r:<response>`, `c:<compaction>`, `a:<kept answer>`, `f:feedback`, `p:<approval>`) by
@@ -215,8 +217,9 @@ def _exceeded(tenant: str, cap: int, full: _Full) -> StoredBytesExceeded:
     wait_s = max(1, math.ceil(until - time.monotonic()))
     return StoredBytesExceeded(
         f"Tenant {tenant!r} holds {full.held:,} bytes of stored conversations, at or over "
-        f"its limit of {cap:,} (limits.stored_bytes): requests that would store more "
-        "(session turns, stored responses, forks, compactions) are refused until some "
-        "expire or are deleted. Requests that store nothing are served.",
+        f"its limit of {cap:,} (limits.stored_bytes): requests that need the store or ask "
+        "to be stored (delta-mode turns, stored responses, forks, compactions, feedback) "
+        "are refused until some expire or are deleted. Turns that send their whole "
+        "history are served unsaved, and requests that store nothing as before.",
         retry_after_s=wait_s,
     )

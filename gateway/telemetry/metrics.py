@@ -139,12 +139,14 @@ class GatewayMetrics:
 
         self.checkpoints = Counter(
             "gateway_session_checkpoints",
-            "Session turns checkpointed, by outcome (written, failed).",
+            "Session turns checkpointed, by outcome (written, failed, over_cap: served unsaved "
+            "because the tenant's stored conversations hold its limits.stored_bytes).",
             ["outcome"],
             registry=self.registry,
         )
         self.checkpoint_failures = self.checkpoints.labels("failed")
         self.checkpoints_written = self.checkpoints.labels("written")
+        self.checkpoints_over_cap = self.checkpoints.labels("over_cap")
 
         self.trims = Counter(
             "gateway_trims",

@@ -1,8 +1,9 @@
 """`limits.stored_bytes` through the real app and the real Redis (engine twin): a tenant's
-session turns are stored until its conversations have written the cap, then whatever
-would store more (a session turn on Chat Completions, the Responses API and the Messages
-API, a fork) gets 429 in that API's shape before any engine is asked, while requests that
-store nothing, reads of what is stored, and the other tenant are served as before."""
+session turns are stored until its conversations hold the cap; then a turn whose client
+sent its whole history is served unsaved and told so, and whatever only the store could
+serve or that asks to be stored (a delta-mode turn, a stored response, a fork, feedback)
+gets 429 in its API's shape before any engine is asked. Requests that store nothing,
+reads of what is stored, and the other tenant are served as before."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ import hashlib
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import anthropic
 import openai
-import orjson
 import pytest
 import redis
 from starlette.testclient import TestClient
@@ -38,8 +39,12 @@ class Stack:
     capped: Tenant  # `limits: {stored_bytes: CAP}`
     free: Tenant  # no cap
 
-    def turn(self, tenant: Tenant, session: str | None, text: str = "hello") -> dict[str, object]:
+    def turn(
+        self, tenant: Tenant, session: str | None, text: str = "hello", *, delta: bool = False
+    ) -> dict[str, Any]:
         headers = {**tenant.headers, **({"X-Session-Id": session} if session else {})}
+        if delta:
+            headers["X-Context-Mode"] = "delta"
         answer = self.client.post(
             "/v1/chat/completions",
             headers=headers,
@@ -48,11 +53,14 @@ class Stack:
         return {"status": answer.status_code, "headers": answer.headers, "body": answer.json()}
 
     def fill(self, session: str) -> int:
-        """Session turns of the capped tenant until one is refused; the turns stored."""
+        """Session turns of the capped tenant until one is not kept; the turns stored."""
         for stored in range(50):
-            if self.turn(self.capped, session, "x" * 200)["status"] != 200:
+            answer = self.turn(self.capped, session, "x" * 200)
+            assert answer["status"] == 200
+            if answer["headers"]["x-gateway-session-turn"] == "unsaved":
+                assert answer["headers"]["x-gateway-degraded"] == "stored_bytes"
                 return stored
-        raise AssertionError("never refused")
+        raise AssertionError("never full")
 
 
 ADMIN_KEY = f"sk-agw-admin-{uuid.uuid4().hex}"
@@ -75,23 +83,27 @@ def stack(redis_url: str) -> Iterator[Stack]:
     forget_tenants(redis_url, capped.name, free.name)
 
 
-def test_turns_are_stored_until_the_cap_then_refused_before_the_engine(
+def test_turns_are_stored_until_the_cap_then_served_unsaved_and_delta_refused(
     stack: Stack, redis_url: str
 ) -> None:
     session = f"s-{uuid.uuid4().hex[:8]}"
     stored = stack.fill(session)
     assert stored >= 2
+    # A whole-history turn is served, not kept, and says so (fill saw it); a delta turn
+    # needs the store to continue: refused, before the engine.
     calls = len(stack.engine.calls)
-    refused = stack.turn(stack.capped, session)
-    assert refused["status"] == 429 and len(stack.engine.calls) == calls  # no engine asked
-    error = refused["body"]["error"]  # type: ignore[index]
+    refused = stack.turn(stack.capped, session, delta=True)
+    assert refused["status"] == 429 and len(stack.engine.calls) == calls
+    error = refused["body"]["error"]
     assert error["type"] == "insufficient_quota" and error["code"] == "stored_bytes_exceeded"
     assert "limits.stored_bytes" in error["message"]
     headers = refused["headers"]
-    assert int(headers["retry-after"]) > 0 and headers["x-should-retry"] == "false"  # type: ignore[index]
-    # A new session is a write too; what stores nothing, and reading what is stored, are not.
-    assert stack.turn(stack.capped, f"s-{uuid.uuid4().hex[:8]}")["status"] == 429
-    assert stack.turn(stack.capped, None)["status"] == 200
+    assert int(headers["retry-after"]) > 0 and headers["x-should-retry"] == "false"
+    # A new session is served unsaved too; without a session nothing changes.
+    fresh = stack.turn(stack.capped, f"s-{uuid.uuid4().hex[:8]}")
+    assert fresh["status"] == 200 and fresh["headers"]["x-gateway-session-turn"] == "unsaved"
+    plain = stack.turn(stack.capped, None)
+    assert plain["status"] == 200 and "x-gateway-degraded" not in plain["headers"]
     turns = stack.client.get(f"/v1/sessions/{session}/checkpoints", headers=stack.capped.headers)
     assert turns.status_code == 200 and len(turns.json()["data"]) == stored
     # The count is what the session holds: its turns (no tool sets, no snapshot here).
@@ -105,16 +117,17 @@ def test_turns_are_stored_until_the_cap_then_refused_before_the_engine(
         held.close()
     metrics = stack.client.get("/metrics").text
     assert f'gateway_tenant_stored_bytes{{tenant="{stack.capped.name}"}} {float(total)}' in metrics
+    assert 'gateway_session_checkpoints_total{outcome="over_cap"} 2.0' in metrics
     # The admin API shows what each capped tenant holds beside its cap.
     admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
     shown = {t["name"]: t for t in stack.client.get("/admin/tenants", headers=admin).json()["data"]}
     assert shown[stack.capped.name]["limits"]["stored_bytes"] == CAP
     assert shown[stack.capped.name]["stored_bytes_held"] == total
     assert "stored_bytes_held" not in shown[stack.free.name]
-    # Deleting the session gives its bytes back: the tenant stores again at once.
+    # Deleting the session gives its bytes back: the tenant's turns are kept again at once.
     deleted = stack.client.delete(f"/v1/sessions/{session}", headers=stack.capped.headers)
     assert deleted.status_code == 200
-    assert stack.turn(stack.capped, session)["status"] == 200
+    assert stack.turn(stack.capped, session)["headers"]["x-gateway-session-turn"] == "1"
 
 
 def test_the_other_tenant_is_served_whatever_the_first_stored(stack: Stack) -> None:
@@ -141,7 +154,9 @@ def test_a_fork_and_feedback_are_refused_once_full(stack: Stack) -> None:
     assert given.status_code == 200
 
 
-def test_the_sdks_see_a_quota_error_and_do_not_retry(stack: Stack) -> None:
+def test_the_sdks_are_served_unsaved_or_see_a_quota_error_they_do_not_retry(
+    stack: Stack,
+) -> None:
     session = f"s-{uuid.uuid4().hex[:8]}"
     stack.fill(session)
     calls = len(stack.engine.calls)
@@ -152,14 +167,22 @@ def test_the_sdks_see_a_quota_error_and_do_not_retry(stack: Stack) -> None:
         max_retries=2,
         default_headers={"X-Session-Id": session},
     )
+    served = sdk.chat.completions.with_raw_response.create(
+        model="tiny", messages=[{"role": "user", "content": "hi"}]
+    )
+    assert served.headers["x-gateway-session-turn"] == "unsaved"
     with pytest.raises(openai.RateLimitError) as refused:
-        sdk.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}])
+        sdk.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": "hi"}],
+            extra_headers={"X-Context-Mode": "delta"},
+        )
     assert refused.value.code == "stored_bytes_exceeded"
     # The Responses API stores a response by default: refused; `store: false` is served.
     with pytest.raises(openai.RateLimitError):
         sdk.responses.create(model="tiny", input="hi")
     assert sdk.responses.create(model="tiny", input="hi", store=False).status == "completed"
-    # The Messages API, in its own shape.
+    # The Messages API: served unsaved; in delta mode refused, in its own shape.
     claude = anthropic.Anthropic(
         base_url="http://testserver",
         api_key=stack.capped.key,
@@ -167,14 +190,20 @@ def test_the_sdks_see_a_quota_error_and_do_not_retry(stack: Stack) -> None:
         max_retries=2,
         default_headers={"X-Session-Id": session},
     )
+    message = claude.messages.with_raw_response.create(
+        model="tiny", max_tokens=16, messages=[{"role": "user", "content": "hi"}]
+    )
+    assert message.headers["x-gateway-session-turn"] == "unsaved"
     with pytest.raises(anthropic.RateLimitError) as shaped:
         claude.messages.create(
-            model="tiny", max_tokens=16, messages=[{"role": "user", "content": "hi"}]
+            model="tiny",
+            max_tokens=16,
+            messages=[{"role": "user", "content": "hi"}],
+            extra_headers={"X-Context-Mode": "delta"},
         )
     error = shaped.value.body["error"]  # type: ignore[index]
     assert error["type"] == "rate_limit_error" and "limits.stored_bytes" in error["message"]
-    assert len(stack.engine.calls) == calls + 1  # only the unstored response, no retries
-    assert orjson.loads(stack.engine.calls[-1].body)["messages"][-1]["content"] == "hi"
+    assert len(stack.engine.calls) == calls + 3  # the three served, no retries
 
 
 def test_a_stored_response_is_counted_until_it_is_deleted(stack: Stack, redis_url: str) -> None:
