@@ -234,7 +234,7 @@ def build_runtime(policy: Policy, services: Services, previous: Runtime | None =
         redis,
         ttl_s=policy.sessions.ttl_s,
         cap_of=lambda tenant: tenants.of(tenant).limits.stored_bytes,
-        on_count=lambda tenant, written: metrics.stored_bytes.labels(tenant).set(written),
+        on_count=lambda tenant, held: metrics.stored_bytes.labels(tenant).set(held),
     )
     checkpoints = RedisCheckpoints(redis, ttl_s=policy.sessions.ttl_s, stored=stored)
     trimmer, tenant_trimmers = policy_trimmers(policy.trimming, tenants)

@@ -40,8 +40,8 @@ class RedisResponseRecords:
     ) -> None:
         self._redis = redis
         self._ttl_s = ttl_s
-        # Counted against the tenant's `limits.stored_bytes`; checked when the response's
-        # turn began (a stored response is a session turn too), so never refused here.
+        # Counted against the tenant's `limits.stored_bytes`; checked when the request
+        # began (gateway/responses/service.py), so never refused here, after the answer.
         self._stored = stored
 
     async def put(

@@ -1,12 +1,12 @@
 """A request's turn in its session: hydrate before routing, checkpoint after the reply.
 
-`begin` refuses a turn once the tenant's conversations have written their
-`limits.stored_bytes` (its answer would be stored), then reads the session's checkpoints.
-With `X-Context-Mode: delta` the client sent only what is new and the stored conversation
-is put in front of it; otherwise the client resent its history and only what it added is
-kept. `commit` appends the completed turn; it is
-called before the client sees the end of the answer (`data: [DONE]`), and never for a turn
-that failed, which leaves the previous checkpoint as it was.
+`begin` refuses a turn (StoredBytesExceeded) once the tenant's stored conversations hold
+its `limits.stored_bytes`, then reads the session's checkpoints. With `X-Context-Mode:
+delta` the client sent only what is new and the stored conversation is put in front of it;
+otherwise the client resent its history and only what it added is kept. `commit` appends
+the completed turn; it is called before the client sees the end of the answer (`data:
+[DONE]`), and never for a turn that failed, which leaves the previous checkpoint as it
+was.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ class SessionTurns:
     ) -> None:
         """`tenant_trimmers`: the tenants whose trimming differs from `trimmer`'s (off:
         None), by name (gateway/trimming/per_tenant.py). `stored`: what each tenant's
-        conversations may still write."""
+        conversations may still hold."""
         self.store = store
         self._stored = stored
         self.trimmer = trimmer
