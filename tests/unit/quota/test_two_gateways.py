@@ -11,20 +11,15 @@ take, so none refills during them.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import uuid
 from collections.abc import Iterator
-from contextlib import ExitStack
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.fault.harness import FaultUpstream, running_upstreams
-from tests.integration.conftest import Gateway, running_gateway
-from tests.policies import with_redis
-from tests.unit.tenant_gateway import forget_tenants
+from tests.integration.conftest import Gateway
+from tests.unit.gateway_pair import Pair, gateway_pair
 
 LIMIT = 10
 FIRST_ALONE = 4
@@ -36,33 +31,12 @@ def tenant() -> tuple[str, str]:
     return f"pair-{uuid.uuid4().hex[:10]}", f"sk-agw-test-{uuid.uuid4().hex}"
 
 
-@dataclass(frozen=True)
-class Pair:
-    gateways: tuple[Gateway, Gateway]
-    engine: FaultUpstream
-
-
 @pytest.fixture
 def pair(redis_url: str, tmp_path: Path, tenant: tuple[str, str]) -> Iterator[Pair]:
     name, key = tenant
-    with ExitStack() as stack, running_upstreams(["engine"], tmp_path) as (engine,):
-        policy = tmp_path / "policy.yaml"
-        policy.write_text(with_redis(f"""\
-version: 1
-server: {{reload_interval_s: 0}}
-pools:
-  main: {{served_model: fault-main, replicas: [{{url: "{engine.url}"}}]}}
-models:
-  main: {{pool: main}}
-tenants:
-  {name}:
-    keys: [{{sha256: {hashlib.sha256(key.encode()).hexdigest()}}}]
-    rate_limits: {{requests_per_minute: {LIMIT}}}
-""", redis_url))  # fmt: skip
-        stack.callback(forget_tenants, redis_url, name)
-        first = stack.enter_context(running_gateway(policy, tmp_path / "gateway-1.log"))
-        second = stack.enter_context(running_gateway(policy, tmp_path / "gateway-2.log"))
-        yield Pair((first, second), engine)
+    settings = f"rate_limits: {{requests_per_minute: {LIMIT}}}"
+    with gateway_pair(redis_url, tmp_path, name, key, settings) as started:
+        yield started
 
 
 async def send(gateways: list[Gateway], key: str, per_gateway: int) -> list[httpx.Response]:
