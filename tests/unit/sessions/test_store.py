@@ -252,3 +252,22 @@ async def test_what_a_session_holds_is_its_tenants_count_through_snapshots_forks
             stored_bytes_key(tenant, "expiry"), stored_bytes_key(tenant, "bytes"),
             *(ref.key(part) for ref in (session, fork) for part in ("turns", "blobs", "snapshot")),
         )  # fmt: skip
+
+
+async def test_a_turn_that_was_not_written_is_not_counted(redis: aioredis.Redis) -> None:
+    """The count runs beside the write; when the write fails, what it counted is taken
+    back (the session store here is a Redis that does not answer, the count's the real)."""
+    tenant = f"held-{uuid.uuid4().hex[:8]}"
+    stored_bytes = StoredBytes(redis, ttl_s=600, cap_of=lambda _: 10**9)
+    gone = aioredis.Redis(
+        host="127.0.0.1", port=1, socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0)
+    )
+    try:
+        store = RedisCheckpoints(gone, ttl_s=600, stored=stored_bytes)
+        with pytest.raises(StateUnavailable):
+            await store.append(SessionRef(tenant, "s"), turn("a"), {"t": b"[1]"})
+        sizes = await redis.hgetall(stored_bytes_key(tenant, "bytes"))
+        assert {k: int(v) for k, v in sizes.items()} == {b"s:s": 0, b"total": 0}
+    finally:
+        await gone.aclose()
+        await redis.delete(stored_bytes_key(tenant, "expiry"), stored_bytes_key(tenant, "bytes"))
