@@ -189,6 +189,8 @@ class RedisCheckpoints:
         snapshot_key = session.key("snapshot")
         written = checkpoint.to_json()
         stored = self._stored
+        if stored is not None and not stored.counts(session.tenant):
+            stored = None  # a tenant without a cap: nothing to count, no task made
         # The turn's bytes are counted while it is written (another slot, another round
         # trip: waited for one after the other, the count cost a turn 190 us more), and
         # taken back if the write fails; a tool set, new only now and then, after.

@@ -133,6 +133,10 @@ class StoredBytes:
         self._count = redis.register_script(COUNT)
         self._full: dict[str, _Full] = {}
 
+    def counts(self, tenant: str) -> bool:
+        """Whether the tenant's writes are counted: it has a cap."""
+        return self._cap_of(tenant) is not None
+
     async def admit(self, tenant: str) -> None:
         """Raise StoredBytesExceeded if the tenant holds its cap, as far as this gateway
         knows; asks Redis only every RECHECK_S while it does."""
