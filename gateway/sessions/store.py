@@ -188,17 +188,16 @@ class RedisCheckpoints:
         turns, blob_key = session.key("turns"), session.key("blobs")
         snapshot_key = session.key("snapshot")
         written = checkpoint.to_json()
-        stored = self._stored
-        if stored is not None and not stored.counts(session.tenant):
-            stored = None  # a tenant without a cap: nothing to count, no task made
+        # A tenant without a cap has nothing counted, and no task is made for it.
+        stored = self._stored if self._stored and self._stored.counts(session.tenant) else None
         # The turn's bytes are counted while it is written (another slot, another round
         # trip: waited for one after the other, the count cost a turn 190 us more), and
         # taken back if the write fails; a tool set, new only now and then, after.
-        counted = (
-            asyncio.ensure_future(stored.charge(session.tenant, "s", session.id, len(written)))
-            if stored is not None
-            else None
-        )
+        counted = None
+        if stored is not None:
+            counted = asyncio.ensure_future(
+                stored.charge(session.tenant, "s", session.id, len(written))
+            )
         try:
             async with self._redis.pipeline(transaction=True) as tx:
                 for name, value in blobs.items():
@@ -209,12 +208,12 @@ class RedisCheckpoints:
                 tx.expire(snapshot_key, self._ttl_s)
                 results = await tx.execute()
         except (aioredis.RedisError, OSError) as exc:
-            if stored is not None and counted is not None:
+            if stored is not None and counted is not None:  # not written: not held
                 await counted
                 await stored.charge(session.tenant, "s", session.id, -len(written))
             raise _unavailable(exc) from None
         finally:
-            if counted is not None and not counted.done():
+            if counted is not None:  # never left running, however the write ended
                 await counted
         number = int(results[len(blobs)])
         added = [value for value, new in zip(blobs.values(), results, strict=False) if new]

@@ -140,19 +140,15 @@ class StoredBytes:
     async def admit(self, tenant: str) -> None:
         """Raise StoredBytesExceeded if the tenant holds its cap, as far as this gateway
         knows; asks Redis only every RECHECK_S while it does."""
-        full = self._full.get(tenant)
-        if full is None:
+        if not self.full(tenant):  # never seen full, or the policy raised or lifted the cap
             return
-        cap = self._cap_of(tenant)
-        if cap is None or full.held < cap:  # the policy changed: no cap, or a higher one
-            del self._full[tenant]
-            return
+        full, cap = self._full[tenant], self._cap_of(tenant)
+        assert cap is not None  # full() says there is one
         if time.monotonic() >= full.recheck_at:
-            if await self._run(tenant, "", "0", cap) is None:
-                return  # Redis unreachable: not refused
-            full = self._full.get(tenant)
-            if full is None:
-                return
+            held = await self._run(tenant, "", "0", cap)
+            if held is None or held < cap:
+                return  # Redis unreachable (not refused), or room again
+            full = self._full[tenant]  # the count just made
         raise _exceeded(tenant, cap, full)
 
     async def charge(self, tenant: str, kind: Kind, name: str, added: int) -> None:

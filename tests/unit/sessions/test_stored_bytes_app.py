@@ -160,13 +160,14 @@ def test_the_sdks_are_served_unsaved_or_see_a_quota_error_they_do_not_retry(
     session = f"s-{uuid.uuid4().hex[:8]}"
     stack.fill(session)
     calls = len(stack.engine.calls)
-    sdk = openai.OpenAI(
-        base_url="http://testserver/v1",
-        api_key=stack.capped.key,
-        http_client=stack.client,
-        max_retries=2,
-        default_headers={"X-Session-Id": session},
-    )
+    # Both SDKs as an agent would hold them: retrying as they do by default.
+    client = {
+        "api_key": stack.capped.key,
+        "http_client": stack.client,
+        "max_retries": 2,
+        "default_headers": {"X-Session-Id": session},
+    }
+    sdk = openai.OpenAI(base_url="http://testserver/v1", **client)  # type: ignore[arg-type]
     served = sdk.chat.completions.with_raw_response.create(
         model="tiny", messages=[{"role": "user", "content": "hi"}]
     )
@@ -183,13 +184,7 @@ def test_the_sdks_are_served_unsaved_or_see_a_quota_error_they_do_not_retry(
         sdk.responses.create(model="tiny", input="hi")
     assert sdk.responses.create(model="tiny", input="hi", store=False).status == "completed"
     # The Messages API: served unsaved; in delta mode refused, in its own shape.
-    claude = anthropic.Anthropic(
-        base_url="http://testserver",
-        api_key=stack.capped.key,
-        http_client=stack.client,
-        max_retries=2,
-        default_headers={"X-Session-Id": session},
-    )
+    claude = anthropic.Anthropic(base_url="http://testserver", **client)  # type: ignore[arg-type]
     message = claude.messages.with_raw_response.create(
         model="tiny", max_tokens=16, messages=[{"role": "user", "content": "hi"}]
     )
