@@ -14,7 +14,8 @@ hold over a gigabyte, more than the shipped Redis's `maxmemory`. So one script a
 entry, trims the oldest past `MAX_ENTRIES`, and keeps the stream's bytes beside it
 (`agw:feedback:{<tenant>}:bytes`, in the same slot), which count against the tenant's
 `limits.stored_bytes` (gateway/state/stored_bytes.py) for as long as the stream is kept
-(it does not expire); feedback past the cap gets 429 `stored_bytes_exceeded`.
+(it does not expire); feedback past the cap gets 429 `stored_bytes_exceeded`. A stream
+kept before its count existed is sized at its next entry, from a sample (see `ADD`).
 """
 
 from __future__ import annotations
@@ -37,13 +38,32 @@ from gateway.untrusted.client_text import check_label
 MAX_ENTRIES = 100_000
 MAX_COMMENT_CHARS = 4000
 KEPT_S = 10 * 365 * 86_400  # the stream does not expire: counted as kept for ten years
+SAMPLED = 16  # oldest and newest entries read to size a stream kept before its count
 
 # KEYS: the stream, its bytes. ARGV: the entry's bytes (its fields' and values' lengths),
 # the most entries kept, then the fields and values. The entry's id and the stream's bytes,
-# the oldest entries past the most (and their bytes) removed. A stream older than its byte
-# count (kept before the count) never counts below nothing.
+# the oldest entries past the most (and their bytes) removed. A stream kept before its
+# byte count existed is first counted as its length times the mean of its `SAMPLED` oldest
+# and newest entries (reading a stream of 100,000 whole would hold Redis for every tenant);
+# an estimate that trimming then corrects, and that never counts below nothing.
 ADD = """
-local id = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 3))
+if redis.call('EXISTS', KEYS[2]) == 0 then
+  local length = redis.call('XLEN', KEYS[1])
+  if length > 0 then
+    local size, seen = 0, 0
+    for _, entries in ipairs({
+      redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', ARGV[3]),
+      redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', ARGV[3]),
+    }) do
+      for _, entry in ipairs(entries) do
+        for _, part in ipairs(entry[2]) do size = size + #part end
+        seen = seen + 1
+      end
+    end
+    redis.call('SET', KEYS[2], math.floor(size / seen * length))
+  end
+end
+local id = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 4))
 local total = redis.call('INCRBY', KEYS[2], ARGV[1])
 local most = tonumber(ARGV[2])
 while redis.call('XLEN', KEYS[1]) > most do
@@ -171,7 +191,7 @@ class FeedbackStore:
         try:
             entry, total = await self._add(
                 keys=[key, f"{key}:bytes"],
-                args=[sum(map(len, flat)), self._max_entries, *flat],
+                args=[sum(map(len, flat)), self._max_entries, SAMPLED, *flat],
             )
         except (aioredis.RedisError, OSError) as exc:
             raise StateUnavailable(

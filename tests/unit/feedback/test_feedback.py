@@ -19,7 +19,7 @@ from starlette.testclient import TestClient
 
 from gateway.cli import main
 from gateway.errors import StoredBytesExceeded
-from gateway.feedback.store import Feedback, FeedbackStore
+from gateway.feedback.store import SAMPLED, Feedback, FeedbackStore
 from gateway.offline.dataset import export
 from gateway.policy.sessions import StateSpec
 from gateway.state.keys import feedback_key, stored_bytes_key
@@ -209,6 +209,35 @@ async def test_the_stream_is_trimmed_to_its_most_entries_and_its_bytes_kept_exac
         await client.set(f"{key}:bytes", 0)
         await store.add(tenant, Feedback("req-x", 1.0))
         assert int(await client.get(f"{key}:bytes")) >= 0  # type: ignore[arg-type]
+    finally:
+        await client.delete(key, f"{key}:bytes")
+        await client.aclose()
+
+
+async def test_a_stream_kept_before_its_count_is_counted_from_its_first_new_entry(
+    redis_url: str,
+) -> None:
+    """A stream written before the byte count existed is sized at its next entry from its
+    oldest and newest entries (not read whole: 100,000 entries would hold Redis), and is
+    not counted as empty: its tenant's cap would otherwise miss what it already holds."""
+    client = aioredis.Redis.from_url(redis_url)
+    tenant = f"fb-{uuid.uuid4().hex[:8]}"
+    key = feedback_key(tenant)
+    try:
+        entry = {"request_id": "legacy", "score": "1.0", "name": "user", "comment": "c" * 500}
+        for _ in range(3 * SAMPLED):
+            await client.xadd(key, entry)  # type: ignore[arg-type]
+        store = FeedbackStore(client)
+        await store.add(tenant, Feedback("req-new", 0.0))
+        entries = await client.xrange(key) or []
+        held = sum(len(k) + len(v) for _, fields in entries for k, v in (fields or {}).items())
+        # Equal entries: the estimate is exact, and so is the count after the new one.
+        assert int(await client.get(f"{key}:bytes")) == held  # type: ignore[arg-type]
+        # Counted once: the next entry adds its own bytes only.
+        await store.add(tenant, Feedback("req-next", 0.0))
+        entries = await client.xrange(key) or []
+        held = sum(len(k) + len(v) for _, fields in entries for k, v in (fields or {}).items())
+        assert int(await client.get(f"{key}:bytes")) == held  # type: ignore[arg-type]
     finally:
         await client.delete(key, f"{key}:bytes")
         await client.aclose()
