@@ -27,6 +27,7 @@ DEGRADED = "X-Gateway-Degraded"
 PREFIX_CHANGE = "X-Gateway-Prefix-Change"
 # What of the request the engine was not sent.
 TOOLS_DROPPED = "X-Gateway-Tools-Dropped"
+MAX_TOKENS = "X-Gateway-Max-Tokens"
 # Limits and approvals.
 BUDGET = "X-Gateway-Budget"
 APPROVAL_PENDING = "X-Gateway-Approval-Pending"
@@ -50,6 +51,8 @@ MEANINGS: dict[str, str] = {
     "turn served unsaved",
     PREFIX_CHANGE: "which parts of the prompt prefix changed since the session's last turn",
     TOOLS_DROPPED: "tools the engine cannot run (hosted or provider-defined), left out",
+    MAX_TOKENS: "the engine's context window, sent as the output-token limit in place of a "
+    "larger one the request asked for",
     BUDGET: "`downgraded`: served over budget by the policy's downgrade model",
     APPROVAL_PENDING: "the approval a held tool call waits for",
     APPROVAL_RELEASED: "the approval whose approved tool call this answer releases",

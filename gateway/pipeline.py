@@ -182,7 +182,13 @@ class Pipeline:
     async def _admit(self, call: Call) -> Call:
         request, context = call.request, call.context
         if self._quota is not None:  # rate limits and budgets (gateway/quota/)
-            grant = await self._quota.admit(request, request.size, context.access, context.identity)
+            grant = await self._quota.admit(
+                request,
+                request.size,
+                context.access,
+                context.identity,
+                self._fleet.context_tokens(request.model),
+            )
             if grant is not None:
                 context.charges.charge = grant  # the edge sends its headers, settles it
                 request = grant.request  # another model when served over budget
@@ -439,15 +445,20 @@ class Pipeline:
         headers = {"Content-Type": "application/json", "X-Request-Id": context.request_id}
         if request.stream:
             headers["Accept"] = "text/event-stream"
-        return await self._dispatcher.send(
+        context_tokens = pool.context_tokens()
+        capped = request.output_capped(context_tokens)
+        dispatch = await self._dispatcher.send(
             pool,
             request.model,
             request.endpoint.path,
-            request.body_for(pool.spec.served_model),
+            request.body_for(pool.spec.served_model, capped),
             headers,
             route,
             context.record,
         )
+        if capped:
+            dispatch.output_capped_to = context_tokens
+        return dispatch
 
     async def _resend(self, call: Call, choice: TierChoice, request: InboundRequest) -> Settled:
         """`request` sent for `call` to `choice` (its fallbacks when it cannot answer),

@@ -74,15 +74,32 @@ class InboundRequest:
         messages = self.body.get("messages")
         return orjson.dumps(messages) if isinstance(messages, list) else None
 
-    def body_for(self, served_model: str) -> bytes:
-        """The bytes to send upstream: the client's own, unless something had to change."""
-        if served_model == self.model and self.raw is not None:
+    def output_capped(self, context_tokens: int | None) -> dict[str, int]:
+        """The output-token fields (`max_tokens`, `max_completion_tokens`) that ask for more
+        than the engine's whole context window, each brought down to it: an upper bound the
+        engine could never reach, which vLLM refuses with a 400 (`max_tokens=32000 cannot be
+        greater than max_model_len=16384`: Claude Code's default against a 16K engine)
+        and, brought down, serves with what the prompt leaves. Empty when nothing asks more."""
+        if context_tokens is None:
+            return {}
+        body = self.body
+        return {
+            name: context_tokens
+            for name in _TOKEN_FIELDS[self.endpoint]
+            if type(value := body.get(name)) is int and value > context_tokens
+        }
+
+    def body_for(self, served_model: str, changed: dict[str, int] | None = None) -> bytes:
+        """The bytes to send upstream: the client's own, unless something had to change
+        (the served model's name, the fields in `changed`)."""
+        if served_model == self.model and self.raw is not None and not changed:
             return self.raw
+        fields: dict[str, Any] = {"model": served_model, **(changed or {})}
         messages = self.messages_json  # prefix hashing has usually serialised it already
         if messages is None:
-            return orjson.dumps({**self.body, "model": served_model})
+            return orjson.dumps({**self.body, **fields})
         others = {key: value for key, value in self.body.items() if key != "messages"}
-        rest = orjson.dumps({**others, "model": served_model})  # never empty: has the model
+        rest = orjson.dumps({**others, **fields})  # never empty: has the model
         return b'{"messages":' + messages + b"," + rest[1:]
 
 

@@ -94,7 +94,8 @@ class LimitsSpec(Strict):
         ge=1,
         description="Highest `max_tokens` / `max_completion_tokens` (`max_output_tokens` "
         "in the Responses API) a request may ask for; higher gets 400 max_tokens_too_large. "
-        "The engine still enforces its own context length below this.",
+        "An output limit under this but above the engines' whole context window is sent as "
+        "the window (X-Gateway-Max-Tokens).",
     )
     hosted_tools: Literal["drop", "refuse"] = Field(
         "drop",

@@ -110,10 +110,12 @@ class Quota:
         body_bytes: int,
         access: TenantAccess,
         identity: Identity | None,
+        context_tokens: int | None = None,
     ) -> Grant | None:
         """The grant of an admitted request; None when nothing limits it (or the store is
         down and the policy fails open). Raises RateLimited, BudgetExceeded, or
-        StateUnavailable (the store is down and the policy fails closed)."""
+        StateUnavailable (the store is down and the policy fails closed). `context_tokens`:
+        the window of the engines serving the model, which bounds the output estimated."""
         tenant = access.name
         spec = self._tenants.get(tenant)
         key_limits = identity.rate_limits if identity is not None else None
@@ -121,7 +123,7 @@ class Quota:
             return None
         if key_limits is None and identity is not None and spec is not None:
             key_limits = spec.key_rate_limits
-        prompt, completion = estimate_tokens(request, body_bytes)
+        prompt, completion = estimate_tokens(request, body_bytes, context_tokens)
         buckets = tuple(_buckets(tenant, spec, identity, key_limits, prompt + completion))
         budget = spec.budget if spec is not None else None
         periods = self._periods(tenant, budget, request.model, prompt, completion)

@@ -95,6 +95,9 @@ class Dispatch:
     _attempt: Attempt
     deadline: float = 0.0
     attempts: int = 1
+    # The engine's context window, when the request's output-token fields asked for more
+    # and were brought down to it (InboundRequest.output_capped).
+    output_capped_to: int | None = None
 
     @property
     def replica(self) -> Replica:
@@ -107,6 +110,8 @@ class Dispatch:
         }
         if self.attempts > 1:
             out[gateway_headers.ATTEMPTS] = str(self.attempts)
+        if self.output_capped_to is not None:
+            out[gateway_headers.MAX_TOKENS] = str(self.output_capped_to)
         return out
 
     def finish(self, outcome: SlotOutcome) -> None:

@@ -49,6 +49,24 @@ def test_a_message_and_its_repeat_reads_the_engine_s_prefix_cache(
     assert (again.usage.cache_read_input_tokens or 0) > total // 2  # the same replica, cached
 
 
+def test_claude_codes_output_limit_is_served_within_the_engines_context(
+    client: anthropic.Anthropic,
+) -> None:
+    """Claude Code asks `max_tokens: 32000`, which vLLM refuses of a 16,384-token engine;
+    the gateway sends the engine's window instead (streamed too, as Claude Code asks)."""
+    soon = ["e", "a", "o", " "]  # random text holds one within a few tokens
+    raw = client.messages.with_raw_response.create(
+        model="tiny", max_tokens=32_000, stop_sequences=soon, messages=ASK
+    )
+    assert raw.headers["x-gateway-max-tokens"] == "16384"
+    assert raw.parse().stop_reason == "stop_sequence"
+    with client.messages.stream(
+        model="tiny", max_tokens=32_000, stop_sequences=soon, messages=ASK
+    ) as stream:
+        assert stream.response.headers["x-gateway-max-tokens"] == "16384"
+        assert stream.get_final_message().stop_reason == "stop_sequence"
+
+
 def test_a_streamed_forced_tool_call(client: anthropic.Anthropic) -> None:
     """vLLM constrains the call's name; the random model's arguments are often cut short
     by `max_tokens`. Whatever it does, no malformed call arrives as a success: a whole

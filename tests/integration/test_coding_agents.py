@@ -96,11 +96,10 @@ def test_claude_code_completes_a_turn(agents_gateway: Gateway, tmp_path: Path) -
             "ANTHROPIC_AUTH_TOKEN": "unused",
             "DISABLE_TELEMETRY": "1",
             "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-            # The tiny engine's context is 16,384 tokens; Claude Code asks for 32,000 out.
-            # Room enough for the stop string: 47 of the tiny vocabulary's 4,105 tokens hold
-            # a newline, so 256 tokens went without one about 5% of the time (an answer cut
-            # at max_tokens, which Claude Code takes for an error); 2,048 almost never.
-            "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "2048",
+            # No CLAUDE_CODE_MAX_OUTPUT_TOKENS: Claude Code asks for 32,000 tokens out, more
+            # than the tiny engine's whole context (16,384), which vLLM would refuse; the
+            # gateway sends the window. The stop string ends the turn long before: 47 of the
+            # tiny vocabulary's 4,105 tokens hold a newline.
         },
         tmp_path / "claude-home",
     )

@@ -246,6 +246,30 @@ def test_engine_validation_errors_reach_the_client(client: OpenAI) -> None:
     assert caught.value.status_code == 400
 
 
+# Random text holds one of these within a few tokens: a request whose output limit is the
+# engine's whole window still ends in moments.
+SOON = ["e", "a", "o", " "]
+
+
+def test_an_output_limit_above_the_engines_context_is_served_within_it(client: OpenAI) -> None:
+    """vLLM refuses `max_tokens` above its whole context window (cpu-tiny: 16,384), a limit
+    that could never bind; agents ask for such limits of engines they do not know (Claude
+    Code: 32,000). The gateway sends the window instead, and says so."""
+    hello: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Hello"}]
+    create = client.chat.completions.with_raw_response.create
+    for raw in (
+        create(model="tiny", messages=hello, stop=SOON, max_tokens=32_000),
+        create(model="tiny", messages=hello, stop=SOON, max_completion_tokens=32_000),
+    ):
+        assert raw.headers["x-gateway-max-tokens"] == "16384"
+        reply = raw.parse()
+        assert reply.choices[0].finish_reason == "stop"
+        assert reply.usage is not None and reply.usage.completion_tokens > 0
+    # Within the window, nothing is changed or said.
+    within = create(model="tiny", messages=hello, max_tokens=4)
+    assert "x-gateway-max-tokens" not in within.headers
+
+
 def test_replica_that_is_down_is_routed_around(client: OpenAI, gateway: Gateway) -> None:
     for _ in range(4):
         reply = client.chat.completions.create(

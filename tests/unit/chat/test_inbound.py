@@ -39,6 +39,25 @@ def test_model_rewrite_keeps_every_other_field() -> None:
     assert sent["tools"][0]["function"]["name"] == "f"
 
 
+def test_output_tokens_above_the_engines_context_are_brought_down_to_it() -> None:
+    """An output limit above the engine's whole context window can never bind, and vLLM
+    refuses it (Claude Code asks 32,000 of a 16,384-token engine): it is sent as the window,
+    the rest of the body as it was; a limit within the window, or none, leaves the bytes."""
+    raw = orjson.dumps({**CHAT, "max_tokens": 32000, "max_completion_tokens": 9000, "seed": 3})
+    request = parse_request(Endpoint.chat, raw)
+    assert request.output_capped(16384) == {"max_tokens": 16384}
+    assert request.output_capped(8192) == {"max_tokens": 8192, "max_completion_tokens": 8192}
+    sent = orjson.loads(request.body_for("tiny", request.output_capped(16384)))
+    assert sent == {**orjson.loads(raw), "max_tokens": 16384}
+    assert request.output_capped(None) == {} and request.output_capped(32000) == {}
+    assert request.body_for("tiny", request.output_capped(32000)) is raw
+    # Only integers: what else a client sends is the engine's to refuse, as it was.
+    odd = parse_request(Endpoint.chat, orjson.dumps({**CHAT, "max_tokens": True}))
+    assert odd.output_capped(1) == {}
+    legacy = parse_request(Endpoint.completions, b'{"model": "m", "prompt": "p", "max_tokens": 99}')
+    assert legacy.output_capped(50) == {"max_tokens": 50}
+
+
 @pytest.mark.parametrize(
     ("raw", "param", "code"),
     [

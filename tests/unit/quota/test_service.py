@@ -337,6 +337,9 @@ def test_the_estimate_is_a_quarter_of_the_bytes_plus_the_completion_ceiling() ->
     )
     request = parse_request(Endpoint.chat, raw)
     assert estimate_tokens(request, len(raw)) == (-(-len(raw) // 4), 100)
+    # A ceiling above the engines' whole window could never bind: the window is estimated.
+    assert estimate_tokens(request, len(raw), context_tokens=30) == (-(-len(raw) // 4), 60)
+    assert estimate_tokens(request, len(raw), context_tokens=16384)[1] == 100
     embedding = parse_request(Endpoint.embeddings, b'{"model": "m", "input": "abcdefgh"}')
     assert estimate_tokens(embedding, 36) == (9, 0)
 
