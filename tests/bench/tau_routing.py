@@ -330,14 +330,19 @@ async def run_workload(
     keys: tuple[str, ...] = (),
     midway: Callable[[], Coroutine[Any, Any, None]] | None = None,
     think_s: float = 0.0,
+    label: str = "",
 ) -> dict[str, Any]:
     """Every conversation turn by turn, 4 at a time; with `keys`, conversation i is sent
     with key i mod len(keys) (a tenant each). Each request goes to one of `bases` drawn at
-    random (seeded: the balancer); `midway` runs once half the turns are answered."""
+    random (seeded: the balancer); `midway` runs once half the turns are answered. A line
+    of progress at every tenth of the turns, `label` naming the target."""
     totals: dict[str, Any] = {"requests": 0, "prompt_tokens": 0, "cached_tokens": 0, "errors": 0}
     rng = random.Random(1234)
     balancer = random.Random(BALANCER_SEED)
-    halfway = sum(map(len, convs)) // 2
+    turns = sum(map(len, convs))
+    halfway = turns // 2
+    began = time.monotonic()
+    tenth = max(1, turns // 10)
     midway_task: list[asyncio.Task[None]] = []
     queue: asyncio.Queue[tuple[int, list[dict[str, Any]]]] = asyncio.Queue()
     for index, conv in enumerate(convs):
@@ -357,6 +362,10 @@ async def run_workload(
                         "tool_choice": "none", "max_tokens": 1, "temperature": 0}  # fmt: skip
                 base = bases[balancer.randrange(len(bases))] if len(bases) > 1 else bases[0]
                 response = await client.post(f"{base}/chat/completions", json=body, headers=headers)
+                done = totals["requests"] + totals["errors"] + 1
+                if done % tenth == 0:
+                    print(f"bench: {label:<46} {done:>5}/{turns} turns "
+                          f"({time.monotonic() - began:.0f}s)", flush=True)  # fmt: skip
                 if midway is not None and not midway_task and totals["requests"] >= halfway:
                     midway_task.append(asyncio.create_task(midway()))
                 if response.status_code != 200:
@@ -615,7 +624,15 @@ def main() -> int:
                         else None
                     )
                     figures = asyncio.run(
-                        run_workload(bases, convs, target.shuffle_tools, keys, midway, args.think_s)
+                        run_workload(
+                            bases,
+                            convs,
+                            target.shuffle_tools,
+                            keys,
+                            midway,
+                            args.think_s,
+                            label=target.name,
+                        )
                     )
                     figures["seconds"] = round(time.monotonic() - began, 1)
                     if cleared:
