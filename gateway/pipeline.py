@@ -458,6 +458,7 @@ class Pipeline:
         )
         if capped:
             dispatch.output_capped_to = context_tokens
+            self._metrics.child(self._metrics.output_capped, request.model, pool.name).inc()
         return dispatch
 
     async def _resend(self, call: Call, choice: TierChoice, request: InboundRequest) -> Settled:

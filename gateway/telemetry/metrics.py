@@ -261,6 +261,13 @@ class GatewayMetrics:
             ["model", "fallback"],
             registry=self.registry,
         )
+        self.output_capped = Counter(
+            "gateway_output_limit_capped",
+            "Requests whose output-token limit was above the pool's whole context window "
+            "and was sent as the window, by model and pool.",
+            ["model", "pool"],
+            registry=self.registry,
+        )
 
         # Human approval of tool calls (gateway/approvals/).
         self.approvals = Counter(

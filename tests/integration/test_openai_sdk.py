@@ -6,6 +6,7 @@ import json
 import re
 from collections.abc import Iterator
 
+import httpx
 import openai
 import pytest
 from openai import OpenAI
@@ -251,10 +252,13 @@ def test_engine_validation_errors_reach_the_client(client: OpenAI) -> None:
 SOON = ["e", "a", "o", " "]
 
 
-def test_an_output_limit_above_the_engines_context_is_served_within_it(client: OpenAI) -> None:
+def test_an_output_limit_above_the_engines_context_is_served_within_it(
+    client: OpenAI, gateway: Gateway
+) -> None:
     """vLLM refuses `max_tokens` above its whole context window (cpu-tiny: 16,384), a limit
     that could never bind; agents ask for such limits of engines they do not know (Claude
-    Code: 32,000). The gateway sends the window instead, and says so."""
+    Code: 32,000). The gateway sends the window instead, and says so, and counts it."""
+    before = capped_count(gateway)
     hello: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Hello"}]
     create = client.chat.completions.with_raw_response.create
     for raw in (
@@ -268,6 +272,13 @@ def test_an_output_limit_above_the_engines_context_is_served_within_it(client: O
     # Within the window, nothing is changed or said.
     within = create(model="tiny", messages=hello, max_tokens=4)
     assert "x-gateway-max-tokens" not in within.headers
+    assert capped_count(gateway) == before + 2
+
+
+def capped_count(gateway: Gateway) -> float:
+    text = httpx.get(f"{gateway.base_url}/metrics", timeout=5).text
+    series = 'gateway_output_limit_capped_total{model="tiny",pool="tiny-chat"} '
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(series))
 
 
 def test_replica_that_is_down_is_routed_around(client: OpenAI, gateway: Gateway) -> None:
