@@ -18,6 +18,8 @@
     |   +-- OutputCheckFailed           502   upstream_error         code=output_check_failed
     |   +-- InvalidToolCall             502   upstream_error         code=invalid_tool_call
     +-- UpstreamRejected              (4xx)   (engine's own)         engine refused the request
+    |   +-- ContextLengthExceeded       400   invalid_request_error  code=context_length_exceeded
+    |                                     (on the Messages API: "prompt is too long: ...")
     +-- NoHealthyReplica                503   service_unavailable    Retry-After set
     +-- StateUnavailable                503   service_unavailable    code=state_store_unavailable
     +-- Overloaded                      429   rate_limit_error       code=overloaded, Retry-After
@@ -37,6 +39,7 @@ else that escapes is a bug and is rendered as a 500 without internals (gateway/a
 
 from __future__ import annotations
 
+import re
 from typing import Any, ClassVar
 
 import orjson
@@ -72,6 +75,11 @@ class GatewayError(Exception):
     def internal(cls) -> GatewayError:
         """What a client is told of a bug: nothing internal (the bug itself is logged)."""
         return cls("The gateway hit an internal error; it has been logged.")
+
+    def anthropic_message(self) -> str:
+        """The message in the Messages API's error: the same, unless Anthropic has words of
+        its own that clients act on."""
+        return self.message
 
     def body(self) -> dict[str, Any]:
         return {
@@ -249,6 +257,79 @@ class UpstreamRejected(GatewayError):
         self.status = status  # type: ignore[misc]
 
 
+class ContextLengthExceeded(UpstreamRejected):
+    """The engine refused a prompt its context window cannot hold (vLLM's 400, its own
+    message kept), told in the words agents act on: OpenAI's code `context_length_exceeded`,
+    and on the Messages API Anthropic's own sentences, which Claude Code reads to compact its
+    history ("prompt is too long: N tokens > M maximum") or to ask for fewer output tokens
+    ("input length and `max_tokens` exceed context limit: I + O > M"). `input_tokens` is a
+    lower bound where the engine stopped counting (it counts one past the window, or only
+    characters)."""
+
+    default_code = "context_length_exceeded"
+
+    def __init__(
+        self, message: str, *, limit: int, input_tokens: int, output_tokens: int | None = None
+    ) -> None:
+        super().__init__(400, message, param="messages")
+        self.limit = limit
+        self.input_tokens = input_tokens
+        self.output_tokens = output_tokens
+
+    def anthropic_message(self) -> str:
+        if self.output_tokens and self.input_tokens <= self.limit:
+            return (
+                "input length and `max_tokens` exceed context limit: "
+                f"{self.input_tokens} + {self.output_tokens} > {self.limit}, decrease input "
+                "length or `max_tokens` and try again"
+            )
+        return f"prompt is too long: {self.input_tokens} tokens > {self.limit} maximum"
+
+
+# vLLM's words for a prompt its window cannot hold, this version's and earlier ones'. Read
+# from the first `_READ_CHARS` of the message only: an engine's message is data too.
+_CONTEXT_ERRORS = tuple(
+    re.compile(pattern)
+    for pattern in (
+        # the prompt alone, counted in tokens (one past the window at most: "at least")
+        r"maximum context length is (?P<limit>\d+) tokens\. However, your prompt contains "
+        r"(?:at least )?(?P<input>\d+) input tokens",
+        # the prompt alone, too many characters to be counted
+        r"maximum context length is (?P<limit>\d+) tokens\. However, your prompt contains "
+        r"\d+ characters",
+        r"Input length \((?P<input>\d+)\) exceeds model's maximum context length "
+        r"\((?P<limit>\d+)\)",
+        # prompt and completion together (vLLM before it capped the completion itself)
+        r"maximum context length is (?P<limit>\d+) tokens\. However, you requested \d+ "
+        r"tokens \((?P<input>\d+) in the messages, (?P<output>\d+) in the completion\)",
+        r"maximum context length of (?P<limit>\d+) tokens\. You requested a total of \d+ "
+        r"tokens: (?P<input>\d+) tokens from the input messages and (?P<output>\d+) tokens "
+        r"for the completion",
+    )
+)
+_READ_CHARS = 1000
+
+
+def context_length_error(message: str) -> ContextLengthExceeded | None:
+    """vLLM's refusal of a prompt longer than its window, recognised; None for any other."""
+    head = message[:_READ_CHARS]
+    for pattern in _CONTEXT_ERRORS:
+        found = pattern.search(head)
+        if found is None:
+            continue
+        named = found.groupdict()
+        limit = int(named["limit"])
+        counted = named.get("input")
+        output = named.get("output")
+        return ContextLengthExceeded(
+            message,
+            limit=limit,
+            input_tokens=int(counted) if counted is not None else limit + 1,
+            output_tokens=int(output) if output is not None else None,
+        )
+    return None
+
+
 ANTHROPIC_PREFIX = "/v1/messages"  # the Anthropic Messages API's paths (gateway/anthropic/)
 
 # The error type Anthropic's API gives each status (its SDKs raise by status, and show type
@@ -280,7 +361,10 @@ def anthropic_error_body(
 ) -> dict[str, Any]:
     body: dict[str, Any] = {
         "type": "error",
-        "error": {"type": anthropic_error_type(status or error.status), "message": error.message},
+        "error": {
+            "type": anthropic_error_type(status or error.status),
+            "message": error.anthropic_message(),
+        },
     }
     if request_id:
         body["request_id"] = request_id
@@ -346,6 +430,8 @@ def upstream_error_from_body(status: int, raw: bytes) -> GatewayError:
             code = inner["code"]
     elif raw:
         message = f"{message}: {raw[:200].decode('utf-8', 'replace')}"
+    if status == 400 and (too_long := context_length_error(message)) is not None:
+        return too_long
     if 400 <= status < 500 and status != 429:
         return UpstreamRejected(status, message, param=param, code=code)
     return UpstreamError(f"engine failed (HTTP {status}): {message}")

@@ -4,6 +4,7 @@ translated to the engines' Chat Completions, and checked against vLLM's own Mess
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -65,6 +66,28 @@ def test_claude_codes_output_limit_is_served_within_the_engines_context(
     ) as stream:
         assert stream.response.headers["x-gateway-max-tokens"] == "16384"
         assert stream.get_final_message().stop_reason == "stop_sequence"
+
+
+def test_a_prompt_the_engines_window_cannot_hold_is_told_as_anthropic_tells_it(
+    client: anthropic.Anthropic,
+) -> None:
+    """Claude Code compacts its history when told "prompt is too long: N tokens > M
+    maximum", Anthropic's words; vLLM says it otherwise, and the gateway translates."""
+    too_long = " ".join(str(n) for n in range(30_000))
+    for stream in (False, True):
+        with pytest.raises(anthropic.BadRequestError) as caught:
+            client.messages.create(
+                model="tiny",
+                max_tokens=8,
+                messages=[{"role": "user", "content": too_long}],
+                stream=stream,
+            )
+        error: Any = caught.value.body
+        assert error["error"]["type"] == "invalid_request_error", error
+        told = re.fullmatch(
+            r"prompt is too long: (\d+) tokens > 16384 maximum", error["error"]["message"]
+        )
+        assert told is not None and int(told[1]) > 16384, error
 
 
 def test_a_streamed_forced_tool_call(client: anthropic.Anthropic) -> None:

@@ -275,6 +275,24 @@ def test_an_output_limit_above_the_engines_context_is_served_within_it(
     assert capped_count(gateway) == before + 2
 
 
+# A prompt longer than cpu-tiny's 16,384-token window: numbers are cut into short tokens.
+TOO_LONG = " ".join(str(n) for n in range(30_000))
+
+
+def test_a_prompt_the_engines_window_cannot_hold_is_context_length_exceeded(
+    client: OpenAI,
+) -> None:
+    """vLLM's 400 for a prompt its window cannot hold reaches the client with OpenAI's code
+    for it, which agent frameworks trim or compact on, and the engine's own message."""
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": TOO_LONG}], max_tokens=1
+        )
+    assert caught.value.code == "context_length_exceeded"
+    assert caught.value.param == "messages"
+    assert "maximum context length is 16384 tokens" in caught.value.message
+
+
 def capped_count(gateway: Gateway) -> float:
     text = httpx.get(f"{gateway.base_url}/metrics", timeout=5).text
     series = 'gateway_output_limit_capped_total{model="tiny",pool="tiny-chat"} '

@@ -96,3 +96,78 @@ def test_on_the_messages_api_every_error_is_anthropic_s_and_overloaded_is_529() 
         error_response(Overloaded("full", retry_after_s=2), path="/v1/chat/completions").status_code
         == 429
     )
+
+
+# vLLM's refusals of a prompt its window cannot hold: this version's, then earlier ones'.
+TOO_LONG = (
+    "This model's maximum context length is 16384 tokens. However, your prompt contains at "
+    "least 16385 input tokens, which exceeds this limit even without any output tokens. "
+    "Please reduce the length of the input prompt. (parameter=input_tokens, value=16385)"
+)
+
+
+@pytest.mark.parametrize(
+    ("message", "anthropic"),
+    [
+        (TOO_LONG, "prompt is too long: 16385 tokens > 16384 maximum"),
+        (
+            "This model's maximum context length is 16384 tokens. However, your prompt "
+            "contains 90000 characters (more than 80000 characters, which is the upper bound "
+            "for 16384 input tokens). Please reduce the length of the input prompt.",
+            "prompt is too long: 16385 tokens > 16384 maximum",  # at least one past
+        ),
+        (
+            "Input length (20000) exceeds model's maximum context length (16384).",
+            "prompt is too long: 20000 tokens > 16384 maximum",
+        ),
+        (
+            "This model's maximum context length is 4096 tokens. However, you requested 5000 "
+            "tokens (1000 in the messages, 4000 in the completion). Please reduce the length "
+            "of the messages or completion.",
+            "input length and `max_tokens` exceed context limit: 1000 + 4000 > 4096, "
+            "decrease input length or `max_tokens` and try again",
+        ),
+        (
+            "Requested token count exceeds the model's maximum context length of 262144 "
+            "tokens. You requested a total of 262462 tokens: 230462 tokens from the input "
+            "messages and 32000 tokens for the completion.",
+            "input length and `max_tokens` exceed context limit: 230462 + 32000 > 262144, "
+            "decrease input length or `max_tokens` and try again",
+        ),
+    ],
+)
+def test_a_prompt_the_engines_window_cannot_hold_is_told_in_the_words_agents_act_on(
+    message: str, anthropic: str
+) -> None:
+    """OpenAI's `context_length_exceeded` (Codex, the Agents SDK and LangChain compact or
+    trim on it) with the engine's own message; on the Messages API, Anthropic's sentence,
+    which Claude Code reads to compact its history or ask for fewer output tokens."""
+    raw = orjson.dumps({"error": {"message": message, "type": "BadRequestError", "code": 400}})
+    error = upstream_error_from_body(400, raw)
+    openai = orjson.loads(error_response(error, path="/v1/chat/completions").body)
+    assert openai == {
+        "error": {
+            "message": message,
+            "type": "invalid_request_error",
+            "param": "messages",
+            "code": "context_length_exceeded",
+        }
+    }
+    messages = error_response(error, path="/v1/messages")
+    assert messages.status_code == 400
+    assert orjson.loads(messages.body)["error"] == {
+        "type": "invalid_request_error",
+        "message": anthropic,
+    }
+
+
+def test_other_engine_400s_and_long_messages_are_not_taken_for_the_window() -> None:
+    other = orjson.dumps({"error": {"message": "max_tokens must be at least 1", "code": 400}})
+    assert type(upstream_error_from_body(400, other)) is UpstreamRejected
+    # Read from the message's start only: a client's text echoed back is not searched.
+    echoed = orjson.dumps({"error": {"message": "x" * 5000 + TOO_LONG}})
+    assert type(upstream_error_from_body(400, echoed)) is UpstreamRejected
+    # Only a 400 is the engine refusing the prompt.
+    assert type(upstream_error_from_body(422, orjson.dumps({"message": TOO_LONG}))) is (
+        UpstreamRejected
+    )
