@@ -7,9 +7,8 @@ roughly keep it honest for other scripts), and the completion as the `max_tokens
 `max_completion_tokens`) the request asks for, at most the engines' whole context window
 (a larger limit could never bind, and is sent as the window: InboundRequest.output_capped),
 times `n` (at most `limits.max_n`: gateway/chat/inbound.py), or nothing when it sets no
-ceiling. The guess only decides
-admission: once the response has been sent, the charge is replaced by the engine's own
-count (gateway/quota/service.py).
+ceiling. The guess only decides admission: once the response has been sent, the charge is
+replaced by the engine's own count (gateway/quota/service.py).
 """
 
 from __future__ import annotations
