@@ -25,6 +25,7 @@ from gateway.delivery.relay import StreamRelay
 from gateway.delivery.served import Served
 from gateway.delivery.whole import Answer, read_answer
 from gateway.errors import (
+    ContextLengthExceeded,
     ModelNotFound,
     NoHealthyReplica,
     OutputCheckFailed,
@@ -58,7 +59,9 @@ log = logging.getLogger(__name__)
 
 # What makes a pool unable to answer, so that a fallback is tried: nothing reached the
 # client yet. An engine's 4xx is the client's to fix and is passed on instead.
-_CANNOT_ANSWER = (NoHealthyReplica, Overloaded, UpstreamError)
+# What sends a request on to the model's fallbacks: no replica could take it, the engines
+# failed, or their window cannot hold its prompt (a fallback with a larger one can).
+_CANNOT_ANSWER = (NoHealthyReplica, Overloaded, UpstreamError, ContextLengthExceeded)
 
 
 class Pipeline:

@@ -174,7 +174,8 @@ class ModelSpec(Strict):
     fallbacks: tuple[Name, ...] = Field(
         (),
         description="Model aliases tried in order when this one cannot answer (every "
-        "replica down, open or full, or failing after retries); reported in X-Gateway-Fallback.",
+        "replica down, open or full, failing after retries, or a prompt its engines' window "
+        "cannot hold); reported in X-Gateway-Fallback.",
     )
     defaults: dict[str, Any] = Field(
         {},

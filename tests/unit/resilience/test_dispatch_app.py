@@ -118,6 +118,34 @@ def test_client_errors_are_not_retried_and_do_not_trip_the_breaker(
     assert "gateway_breaker_transitions_total{" not in client.get("/metrics").text
 
 
+TOO_LONG = orjson.dumps({"error": {"message": (
+    "This model's maximum context length is 16384 tokens. However, your prompt contains at "
+    "least 16385 input tokens, which exceeds this limit even without any output tokens."
+), "type": "BadRequestError", "param": "input_tokens", "code": 400}})  # fmt: skip
+
+
+def test_a_prompt_the_engines_window_cannot_hold_goes_to_the_fallback(
+    policy: Policy, gateways: OpenGateways
+) -> None:
+    """A fallback model with a larger window can answer what this one's engines refuse as
+    too long (LiteLLM's `context_window_fallbacks`); tried once per pool, not retried, not
+    held against the replica. When none can, the client hears the first refusal."""
+    hosts = Hosts({"a": Scripted(status=400, body=TOO_LONG), "spare": Scripted(body=OK)})
+    client, _ = gateways.open(policy, hosts)
+    response = client.post("/v1/chat/completions", json=ASK)
+    assert response.status_code == 200, response.text
+    assert response.headers["x-gateway-fallback"] == "spare"
+    assert hosts.seen == ["a", "spare"]
+    hosts = Hosts({"a": Scripted(status=400, body=TOO_LONG),
+                   "spare": Scripted(status=400, body=TOO_LONG)})  # fmt: skip
+    client, _ = gateways.open(policy, hosts)
+    response = client.post("/v1/chat/completions", json=ASK)
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "context_length_exceeded"
+    assert hosts.seen == ["a", "spare"]
+    assert "gateway_breaker_transitions_total{" not in client.get("/metrics").text
+
+
 def test_an_open_breaker_takes_the_replica_out(policy: Policy, gateways: OpenGateways) -> None:
     hosts = Hosts({"a": Scripted(status=503, body=BUSY), "b": Scripted(body=OK)})
     client, _ = gateways.open(policy, hosts)
