@@ -26,6 +26,7 @@ from gateway.delivery.served import Served
 from gateway.delivery.whole import Answer, read_answer
 from gateway.errors import (
     ContextLengthExceeded,
+    GatewayError,
     ModelNotFound,
     NoHealthyReplica,
     OutputCheckFailed,
@@ -418,11 +419,20 @@ class Pipeline:
         (the tenant's own, and only models the tenant may use)."""
         choice, route, context = call.choice, call.route, call.context
         assert choice is not None and route is not None
+        tenant = call.tenant
+        failure: GatewayError
         try:
             return choice, await self._send_to(choice.pool, request, route, context)
+        except ContextLengthExceeded as exc:  # a tier with a larger window may hold it
+            failure = exc
+            wider = self._tiers.wider(request.model, choice, exc.limit, tenant.tier_clamps)
+            if wider is not None:
+                try:
+                    return wider, await self._send_to(wider.pool, request, route, context)
+                except _CANNOT_ANSWER:
+                    pass  # the model's fallbacks next; the client hears the first refusal
         except _CANNOT_ANSWER as exc:
             failure = exc
-        tenant = call.tenant
         for fallback in tenant.fallbacks.get(request.model, ()):
             try:
                 alternative = await self._tiers.choose(

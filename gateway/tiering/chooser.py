@@ -209,6 +209,30 @@ class TierChooser:
             route.pools[tier], tier, reason, "escalation", checks=choice.checks, text=choice.text
         )
 
+    def wider(
+        self, alias: str, choice: TierChoice, window: int, clamps: TierClamps | None = None
+    ) -> TierChoice | None:
+        """The same request on the tier whose engines hold the most the least above
+        `window`, the one its prompt did not fit, among those the tenant may use; None for
+        an alias without tiers, or when no other tier's window is known to be larger."""
+        route = self._routes.get(alias)
+        if route is None:
+            return None
+        barred = clamps.get(alias, {}) if clamps else {}
+        larger = [
+            (tokens, tier)
+            for tier, pool in route.pools.items()
+            if tier != choice.tier and tier not in barred
+            and (tokens := pool.context_tokens()) is not None and tokens > window
+        ]  # fmt: skip
+        if not larger:
+            return None
+        tokens, tier = min(larger)
+        reason = f"window: {choice.tier} holds {window} tokens, not the prompt; {tier} {tokens}"
+        return TierChoice(
+            route.pools[tier], tier, reason, "escalation", checks=choice.checks, text=choice.text
+        )
+
     def structured_outputs(self, alias: str) -> bool:
         route = self._routes.get(alias)
         return route is not None and route.spec.cascade.structured_outputs

@@ -10,6 +10,7 @@ import orjson
 import pytest
 
 from gateway.policy import Policy
+from gateway.runtime import current
 from tests.fakes import Call, Scripted
 from tests.policies import parse_with_redis
 from tests.unit.clients import OpenGateways
@@ -220,3 +221,48 @@ def test_the_responses_api_goes_through_the_cascade(
             done = orjson.loads(response.read())
     assert done["output"][0]["content"][0]["text"] == '{"label": "ham"}'
     assert [host for host, _ in engines.bodies] == ["plain", "large"]
+
+
+TOO_LONG = orjson.dumps({"error": {"message": (
+    "This model's maximum context length is 8192 tokens. However, your prompt contains at "
+    "least 8193 input tokens, which exceeds this limit even without any output tokens."
+), "type": "BadRequestError", "param": "input_tokens", "code": 400}})  # fmt: skip
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_a_prompt_the_small_tiers_window_cannot_hold_moves_to_a_tier_whose_window_can(
+    policy: Policy, gateways: OpenGateways, streamed: bool
+) -> None:
+    """Small models often have small windows: a prompt the small tier's engines refuse as
+    too long goes to the tier whose engines hold more (and says why); with no such tier the
+    client hears the refusal, as `context_length_exceeded`."""
+    seen: list[str] = []
+
+    def engines(call: Call) -> Scripted:
+        host = call.url.split("//")[1].split(".")[0]
+        seen.append(host)
+        if host == "small":
+            return Scripted(status=400, body=TOO_LONG)
+        if orjson.loads(call.body).get("stream"):
+            return Scripted(chunks=stream("roomy"), content_type="text/event-stream")
+        return Scripted(body=completion("roomy"))
+
+    client, _ = gateways.open(policy, engines)
+    fleet = current(client.app.state).fleet  # type: ignore[attr-defined]
+    fleet.pools["small-pool"].replicas[0].context_tokens = 8192  # as /v1/models reports them
+    fleet.pools["large-pool"].replicas[0].context_tokens = 32768
+    ruled = {"X-Task": "classify"}  # the rule sends it to the small tier
+    response = client.post("/v1/chat/completions", json=ask("auto", stream=streamed), headers=ruled)
+    assert response.status_code == 200, response.text
+    assert response.headers["x-gateway-tier"] == "large"
+    assert response.headers["x-gateway-route-reason"] == (
+        "window: small holds 8192 tokens, not the prompt; large 32768"
+    )
+    assert "roomy" in response.text
+    assert seen == ["small", "large"]
+    # Nowhere larger to go: the small tier's refusal, in the words agents act on.
+    fleet.pools["large-pool"].replicas[0].context_tokens = 8192
+    refused = client.post("/v1/chat/completions", json=ask("auto"), headers=ruled)
+    assert refused.status_code == 400
+    assert refused.json()["error"]["code"] == "context_length_exceeded"
+    assert seen == ["small", "large", "small"]
