@@ -59,9 +59,8 @@ from gateway.upstream.client import Upstream
 log = logging.getLogger(__name__)
 
 # What makes a pool unable to answer, so that a fallback is tried: nothing reached the
-# client yet. An engine's 4xx is the client's to fix and is passed on instead.
-# What sends a request on to the model's fallbacks: no replica could take it, the engines
-# failed, or their window cannot hold its prompt (a fallback with a larger one can).
+# client yet. No replica could take it, the engines failed, or their window cannot hold its
+# prompt (a larger one can); an engine's other 4xx are the client's to fix, passed on.
 _CANNOT_ANSWER = (NoHealthyReplica, Overloaded, UpstreamError, ContextLengthExceeded)
 
 
@@ -186,13 +185,7 @@ class Pipeline:
     async def _admit(self, call: Call) -> Call:
         request, context = call.request, call.context
         if self._quota is not None:  # rate limits and budgets (gateway/quota/)
-            grant = await self._quota.admit(
-                request,
-                request.size,
-                context.access,
-                context.identity,
-                self._fleet.context_tokens(request.model),
-            )
+            grant = await self._quota.admit(request, request.size, context.access, context.identity)
             if grant is not None:
                 context.charges.charge = grant  # the edge sends its headers, settles it
                 request = grant.request  # another model when served over budget

@@ -277,7 +277,13 @@ def build_runtime(policy: Policy, services: Services, previous: Runtime | None =
             else None
         ),
         quota=(
-            Quota(policy, RedisQuotaStore(redis), metrics, prices=prices)
+            Quota(
+                policy,
+                RedisQuotaStore(redis),
+                metrics,
+                prices=prices,
+                context_of=fleet.context_tokens,
+            )
             if quota_applies(policy)
             else None
         ),

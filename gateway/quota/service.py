@@ -87,9 +87,13 @@ class Quota:
         *,
         clock: Callable[[], float] = time.time,
         prices: Prices | None = None,
+        context_of: Callable[[str], int | None] | None = None,
     ) -> None:
-        """`prices`: the runtime's, which telemetry's spend uses too; else the policy's."""
+        """`prices`: the runtime's, which telemetry's spend uses too; else the policy's.
+        `context_of`: the window of the engines serving a model alias (Fleet.context_tokens),
+        which bounds the output a request is estimated at; asked only of limited tenants."""
         self._store = store
+        self._context_of = context_of
         self._metrics = metrics
         self._clock = clock  # names budget periods only; buckets run on Redis's clock
         self._fail_open = policy.quota.on_store_outage == "fail_open"
@@ -110,12 +114,10 @@ class Quota:
         body_bytes: int,
         access: TenantAccess,
         identity: Identity | None,
-        context_tokens: int | None = None,
     ) -> Grant | None:
         """The grant of an admitted request; None when nothing limits it (or the store is
         down and the policy fails open). Raises RateLimited, BudgetExceeded, or
-        StateUnavailable (the store is down and the policy fails closed). `context_tokens`:
-        the window of the engines serving the model, which bounds the output estimated."""
+        StateUnavailable (the store is down and the policy fails closed)."""
         tenant = access.name
         spec = self._tenants.get(tenant)
         key_limits = identity.rate_limits if identity is not None else None
@@ -123,7 +125,8 @@ class Quota:
             return None
         if key_limits is None and identity is not None and spec is not None:
             key_limits = spec.key_rate_limits
-        prompt, completion = estimate_tokens(request, body_bytes, context_tokens)
+        window = self._context_of(request.model) if self._context_of is not None else None
+        prompt, completion = estimate_tokens(request, body_bytes, window)
         buckets = tuple(_buckets(tenant, spec, identity, key_limits, prompt + completion))
         budget = spec.budget if spec is not None else None
         periods = self._periods(tenant, budget, request.model, prompt, completion)

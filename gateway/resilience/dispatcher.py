@@ -32,7 +32,6 @@ from gateway.errors import (
     Overloaded,
     UpstreamError,
     UpstreamTimeout,
-    upstream_error_from_body,
 )
 from gateway.fleet.engine_metrics import EngineLoad
 from gateway.fleet.replicas import Pool, Replica
@@ -47,6 +46,7 @@ from gateway.telemetry import names
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.record import Attempt, RequestRecord
 from gateway.upstream.client import ConnectFailed, Upstream, UpstreamResponse
+from gateway.upstream.engine_errors import upstream_error_from_body
 
 log = logging.getLogger(__name__)
 

@@ -210,6 +210,7 @@ class RedisCheckpoints:
         except (aioredis.RedisError, OSError) as exc:
             if stored is not None and counted is not None:  # not written: not held
                 await counted
+                counted = None  # awaited: the `finally` has nothing left to wait for
                 await stored.charge(session.tenant, "s", session.id, -len(written))
             raise _unavailable(exc) from None
         finally:

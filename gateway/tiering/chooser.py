@@ -212,9 +212,9 @@ class TierChooser:
     def wider(
         self, alias: str, choice: TierChoice, window: int, clamps: TierClamps | None = None
     ) -> TierChoice | None:
-        """The same request on the tier whose engines hold the most the least above
-        `window`, the one its prompt did not fit, among those the tenant may use; None for
-        an alias without tiers, or when no other tier's window is known to be larger."""
+        """The same request on the tier with the smallest window larger than `window`, the
+        one its prompt did not fit, among those the tenant may use; None for an alias
+        without tiers, or when no other tier's window is known to be larger."""
         route = self._routes.get(alias)
         if route is None:
             return None

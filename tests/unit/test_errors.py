@@ -16,8 +16,8 @@ from gateway.errors import (
     UpstreamRejected,
     UpstreamTimeout,
     error_response,
-    upstream_error_from_body,
 )
+from gateway.upstream.engine_errors import upstream_error_from_body
 
 
 @pytest.mark.parametrize(
