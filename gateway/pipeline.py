@@ -241,8 +241,9 @@ class Pipeline:
             request = request.with_body({**request.body, "tools": strict})  # before hashing
         with context.record.stage("canonicalize"):
             request, tools_json = self._prefix_steps.canonicalize(request)
+        body = request.body
         tools = self._tool_calls.for_request(
-            request.model, declared, tools_json, request.body.get("n")
+            request.model, declared, tools_json, body.get("n"), body.get("tool_choice")
         )
         headers = dict(call.headers)
         if prefix_changes := await self._prefix_steps.changes(request, session):

@@ -48,12 +48,16 @@ class ToolCallSteps:
         tools, record = call.tools, call.context.record
         request = asked or call.request
         reasks = 0
-        while tools is not None and (calls := _calls(settled.answer)) is not None:
-            judgement = tools.judge(calls)
+        while tools is not None:
+            calls = _calls(settled.answer)
+            if calls is None and tools.demand is None:
+                break  # a text answer owes nothing: only calls are checked
+            judgement = tools.judge(calls or [])
             if record.tool_check is None:  # the first answer's, a label for learning
                 record.tool_check = "valid" if judgement.valid else "invalid"
                 record.tool_check_tier = settled.choice.tier
             if judgement.valid:
+                assert calls is not None  # an answer that owes a call and made none is invalid
                 answer = _judged(call, settled.answer, judgement, calls)
                 return replace(settled, answer=answer, held=judgement.held)
             choice = settled.choice

@@ -61,11 +61,17 @@ class ToolCallChecks:
         self.rules = {name: CompiledRules(rules) for name, rules in spec.tools.items()}
 
     def for_request(
-        self, model: str, tools: Any, tools_json: bytes | None, choices: Any = None
+        self,
+        model: str,
+        tools: Any,
+        tools_json: bytes | None,
+        choices: Any = None,
+        tool_choice: Any = None,
     ) -> ToolCheck | None:
         """The check of a request's answer; None when it declares no tools (or checks
         are off). `choices`: the request's `n`; only one choice's calls are judged, so
-        more is a 400 rather than calls nobody checked."""
+        more is a 400 rather than calls nobody checked. `tool_choice`: `required` or a
+        named function makes an answer without such a call invalid too."""
         if not self.spec.check or not isinstance(tools, list) or not tools:
             return None
         if choices not in (None, 1):
@@ -75,7 +81,9 @@ class ToolCallChecks:
                 param="n",
                 code="tool_checks_need_one_choice",
             )
-        return ToolCheck(self, model, self._contracts.of(tools, tools_json))
+        return ToolCheck(
+            self, model, self._contracts.of(tools, tools_json), demanded_call(tool_choice)
+        )
 
     def constrain(self, tools: list[Any]) -> list[Any] | None:
         """The tools to send with `strict: true` where the policy marks them strict; None
@@ -104,13 +112,58 @@ class ToolCallChecks:
         self._metrics.tool_call_problems.labels(model, problem).inc()
 
 
-class ToolCheck:
-    """One request's check."""
+ANY_TOOL = ""  # `tool_choice: "required"`: a call to any declared tool
 
-    def __init__(self, checks: ToolCallChecks, model: str, contract: ToolContract) -> None:
+
+def demanded_call(tool_choice: Any) -> str | None:
+    """The call a chat request's `tool_choice` makes the answer owe: `ANY_TOOL` for
+    `required`, the function's name for a named one, None when the model may answer in
+    text (`auto`, `none`, absent, or a shape the engine will refuse)."""
+    if tool_choice == "required":
+        return ANY_TOOL
+    if isinstance(tool_choice, dict) and tool_choice.get("type") == "function":
+        function = tool_choice.get("function")
+        name = function.get("name") if isinstance(function, dict) else None
+        if isinstance(name, str) and name:
+            return name
+    return None
+
+
+class ToolCheck:
+    """One request's check. `demand`: the call `tool_choice` makes the answer owe
+    (`demanded_call`); None when it owes none."""
+
+    def __init__(
+        self,
+        checks: ToolCallChecks,
+        model: str,
+        contract: ToolContract,
+        demand: str | None = None,
+    ) -> None:
         self._checks = checks
         self.model = model
         self.contract = contract
+        self.demand = demand
+
+    def missing(self, calls: list[dict[str, Any]]) -> CallIssue | None:
+        """What is wrong with an answer that owes a call (`tool_choice` required or
+        named) and made none, or none to the named tool; None when it owes none or made
+        it. vLLM constrains such answers, but not every parser's way (its Hermes
+        parser under `required` lets the model write text that is no call at all)."""
+        demand = self.demand
+        if demand is None:
+            return None
+        names = [(c.get("function") or {}).get("name") for c in calls if isinstance(c, dict)]
+        if (demand == ANY_TOOL and names) or demand in names:
+            return None
+        wanted = (
+            "a call to one of the declared tools"
+            if demand == ANY_TOOL
+            else (f"a call to `{demand}`")
+        )
+        made = ", ".join(f"`{n}`" for n in names) if names else "none"
+        detail = f"`tool_choice` asked for {wanted}; the answer made {made}"
+        return CallIssue(len(calls), demand or "*", "no_tool_call", detail)
 
     def judge(self, calls: list[dict[str, Any]], *, count: bool = True) -> Judgement:
         """The calls judged; their problems and repairs counted unless `count` is False
@@ -130,6 +183,8 @@ class ToolCheck:
                 issues.append(CallIssue(index, str(name), "denied", detail))
             elif ruling.verdict == "hold":
                 held.append(str(name))
+        if (missing := self.missing(review.calls)) is not None:
+            issues.append(missing)
         judgement = Judgement(review, tuple(issues), tuple(dict.fromkeys(held)))
         if count:
             self.note(judgement)
@@ -187,14 +242,14 @@ class ToolCheck:
             for c in (reply or {}).get("tool_calls") or []
         ]
         said = (reply or {}).get("content")
-        text = (said + "\n" if isinstance(said, str) and said else "") + (
-            "I called: " + "; ".join(a[:_DETAIL_CHARS] for a in attempted)
-        )
+        parts = [said[:_DETAIL_CHARS]] if isinstance(said, str) and said else []
+        if attempted:
+            parts.append("I called: " + "; ".join(a[:_DETAIL_CHARS] for a in attempted))
+        text = "\n".join(parts) or "(no answer)"
+        rejected = "Those tool calls were rejected" if attempted else "That answer was rejected"
         correction = (
-            "Those tool calls were rejected: "
-            + judgement.summary()
-            + ". Call the tools again with arguments that match their schemas exactly "
-            "(valid JSON, only declared tools and fields)."
+            f"{rejected}: {judgement.summary()}. Call the tools again with arguments that "
+            "match their schemas exactly (valid JSON, only declared tools and fields)."
         )
         messages = [
             *body.get("messages", []),

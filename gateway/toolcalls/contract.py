@@ -23,7 +23,9 @@ from gateway.toolcalls.arguments_schema import ArgumentsSchema, TooCostly, prepa
 from gateway.toolcalls.repair import closed, coerced, unfenced
 from gateway.untrusted.schemas import UnsafeSchema
 
-Problem = Literal["unknown_tool", "invalid_json", "not_an_object", "schema", "denied"]
+Problem = Literal[
+    "unknown_tool", "invalid_json", "not_an_object", "schema", "denied", "no_tool_call"
+]
 Repair = Literal["code_fence", "closed_json", "coerced"]
 
 _CACHED_CONTRACTS = 256
@@ -39,6 +41,8 @@ class CallIssue:
     detail: str
 
     def describe(self) -> str:
+        if self.problem == "no_tool_call":  # about the answer, not one of its calls
+            return self.detail
         return f"call {self.index} to `{self.tool}`: {self.detail}"
 
 

@@ -28,7 +28,8 @@ from gateway.chat.replies import merge_call_delta
 from gateway.chat.sse import data_event
 from gateway.chat.stream import ChatEvent
 from gateway.errors import InvalidToolCall
-from gateway.toolcalls.checker import ToolCheck
+from gateway.toolcalls.checker import Judgement, ToolCheck
+from gateway.toolcalls.contract import Review
 
 # The whole reply (text and every call, as the engine made them) -> the settled message.
 Recover = Callable[[Message], Awaitable[Message]]
@@ -47,8 +48,12 @@ class ToolCallHold:
 
     def untouched(self, event: bytes) -> bool:
         """Whether the event passes as it is: text, usage, `[DONE]` while no call is open
-        (`take` would return it alone, unparsed)."""
-        return not self._pending and event.find(b'"tool_calls"') < 0
+        (`take` would return it alone, unparsed). While an answer that owes a call
+        (`tool_choice` required or named) has made none, its finish is looked at too."""
+        if self._pending or event.find(b'"tool_calls"') >= 0:
+            return False
+        owed = self._check.demand is not None and not self._made
+        return not owed or event.find(b'"finish_reason"') < 0
 
     async def take(self, event: ChatEvent) -> list[ChatEvent]:
         """The events to pass on for one engine event (none, it, or released calls
@@ -74,6 +79,8 @@ class ToolCallHold:
                     choice["delta"] = {k: v for k, v in delta.items() if k != "tool_calls"}
                 if choice.get("finish_reason") is not None:
                     out += self._release(None)
+                    if not self._settling and (issue := self._check.missing(self._made)):
+                        out += self._invalid(Judgement(Review([]), (issue,)))
                     out += await self._settle()
                     if self._refused and not self._sent:
                         choice["finish_reason"] = "stop"  # nothing is left to call
@@ -105,16 +112,21 @@ class ToolCallHold:
                 self._check.count("repaired" if judgement.review.repairs else "valid")
                 out.append(self._call_event(judgement.review.calls[0]))
                 continue
-            if self._recover is not None and self._check.may_settle(judgement):
-                self._settling = True  # the pipeline judges (and counts) it with the rest
-                continue
-            self._check.note(judgement)
-            self._check.count("refused")
-            if self._check.refuse_as == "error":
-                raise InvalidToolCall(f"The model's tool call was refused: {judgement.summary()}")
-            self._refused = True
-            out.append(self._text_event(self._check.refusal(judgement)))
+            out += self._invalid(judgement)
         return out
+
+    def _invalid(self, judgement: Judgement) -> list[ChatEvent]:
+        """An invalid call (or a call owed and not made): left for the end of the answer
+        when the policy's steps may ask again or escalate, else refused now."""
+        if self._recover is not None and self._check.may_settle(judgement):
+            self._settling = True  # the pipeline judges (and counts) it with the rest
+            return []
+        self._check.note(judgement)
+        self._check.count("refused")
+        if self._check.refuse_as == "error":
+            raise InvalidToolCall(f"The model's tool call was refused: {judgement.summary()}")
+        self._refused = True
+        return [self._text_event(self._check.refusal(judgement))]
 
     async def _settle(self) -> list[ChatEvent]:
         if not self._settling or self._recover is None:

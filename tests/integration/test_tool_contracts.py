@@ -159,3 +159,58 @@ def test_whatever_the_random_model_calls_is_valid_or_refused(client: openai.Open
             jsonschema.validate(json.loads(call.function.arguments), schema)  # type: ignore[union-attr]
     for refusal in refusals:  # refused, never passed on: an OpenAI-shaped 502
         assert refusal.status_code == 502 and "invalid_tool_call" in refusal.response.text
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(
+    "tool_choice",
+    ["required", {"type": "function", "function": {"name": "get_reservation_details"}}],
+    ids=["required", "named"],
+)
+def test_an_owed_call_arrives_valid_or_is_refused_never_as_text(
+    client: openai.OpenAI, tool_choice: Any, stream: bool
+) -> None:
+    """`tool_choice` required or named, unconstrained by the request: vLLM 0.32's Hermes
+    parser lets the random model write call markup whose arguments are no object (under
+    `required`, text with no call at all; named, arguments like `Infinity`). Whatever
+    arrives as a success is a call to the tool with arguments its schema accepts."""
+    schema = DETAILS["function"]["parameters"]
+    refusals: list[openai.APIError] = []
+    for seed in range(3):
+        try:
+            made = owed_calls(client, tool_choice, stream, seed)
+        except openai.APIError as exc:
+            refusals.append(exc)
+            continue
+        assert made, "an answer that owed a call arrived without one"
+        for name, arguments in made:
+            assert name == "get_reservation_details"
+            jsonschema.validate(json.loads(arguments), schema)
+    for refusal in refusals:  # refused in an OpenAI shape, whole or in-stream
+        assert "invalid_tool_call" in str(refusal) or "refused" in str(refusal), refusal
+
+
+def owed_calls(
+    client: openai.OpenAI, tool_choice: Any, stream: bool, seed: int
+) -> list[tuple[str, str]]:
+    """The (name, arguments) of each call the agent got, a stream's put together."""
+    answer = client.chat.completions.create(
+        model="tiny", messages=ASK, tools=[DETAILS], max_tokens=48, seed=seed,
+        temperature=1.0, tool_choice=tool_choice, stream=stream,
+    )  # fmt: skip
+    if not stream:
+        return [
+            (c.function.name, c.function.arguments)  # type: ignore[union-attr]
+            for c in answer.choices[0].message.tool_calls or ()  # type: ignore[union-attr]
+        ]
+    calls: dict[int, tuple[str, str]] = {}
+    for chunk in answer:
+        for choice in chunk.choices:  # type: ignore[union-attr]
+            for piece in choice.delta.tool_calls or ():
+                function = piece.function
+                name, arguments = calls.get(piece.index, ("", ""))
+                calls[piece.index] = (
+                    name + (function.name or "" if function else ""),
+                    arguments + (function.arguments or "" if function else ""),
+                )
+    return list(calls.values())

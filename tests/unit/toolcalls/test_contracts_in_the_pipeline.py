@@ -41,10 +41,14 @@ def policy(tool_calls: str = "") -> str:
     return POLICY + (f"tool_calls: {tool_calls}\n" if tool_calls else "")
 
 
-class Engine:
-    """Answers each request with the next scripted call arguments (name, arguments)."""
+TEXT = None  # an answer in text, no call: (TEXT, what it says)
 
-    def __init__(self, *answers: tuple[str, str]) -> None:
+
+class Engine:
+    """Answers each request with the next scripted call (name, arguments), or with text
+    (TEXT, the text) cut short by `max_tokens`."""
+
+    def __init__(self, *answers: tuple[str | None, str]) -> None:
         self.answers = list(answers)
         self.calls: list[dict[str, Any]] = []
 
@@ -52,19 +56,21 @@ class Engine:
         body = orjson.loads(call.body)
         self.calls.append(body)
         name, arguments = self.answers[min(len(self.calls), len(self.answers)) - 1]
-        message = {
-            "role": "assistant",
-            "content": None,
-            "tool_calls": [
-                {"id": "call-1", "type": "function",
-                 "function": {"name": name, "arguments": arguments}}
-            ],
-        }  # fmt: skip
+        message: dict[str, Any] = {"role": "assistant", "content": arguments}
+        finish = "length"
+        if name is not TEXT:
+            finish = "tool_calls"
+            message = {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {"id": "call-1", "type": "function",
+                     "function": {"name": name, "arguments": arguments}}
+                ],
+            }  # fmt: skip
         if body.get("stream"):
-            return Scripted(
-                chunks=chunks(message, "tool_calls", True), content_type="text/event-stream"
-            )
-        return Scripted(body=completion(message, "tool_calls"))
+            return Scripted(chunks=chunks(message, finish, True), content_type="text/event-stream")
+        return Scripted(body=completion(message, finish))
 
 
 def make(policy_text: str, engine: Callable[[Call], Scripted]) -> tuple[Pipeline, GatewayMetrics]:
@@ -81,20 +87,21 @@ def make(policy_text: str, engine: Callable[[Call], Scripted]) -> tuple[Pipeline
     return pipeline, metrics
 
 
-def body(stream: bool = False) -> bytes:
+def body(stream: bool = False, **extra: Any) -> bytes:
     return orjson.dumps(
         {
             "model": "m",
             "messages": [{"role": "user", "content": "Where is my reservation ZFA04Y?"}],
             "tools": TOOLS,
             "stream": stream,
+            **extra,
         }
     )
 
 
-async def answer(pipeline: Pipeline, stream: bool = False) -> dict[str, Any]:
+async def answer(pipeline: Pipeline, stream: bool = False, **extra: Any) -> dict[str, Any]:
     """The first choice's message (a stream's put together from what the client got)."""
-    served = await pipeline.handle(Endpoint.chat, body(stream), RequestContext("rid"))
+    served = await pipeline.handle(Endpoint.chat, body(stream, **extra), RequestContext("rid"))
     if not stream:
         message: dict[str, Any] = orjson.loads(served.body)["choices"][0]["message"]
         return message
@@ -268,3 +275,71 @@ async def test_several_choices_with_tools_are_refused_up_front() -> None:
     with pytest.raises(InvalidRequest, match="`n` must be 1"):
         await pipeline.handle(Endpoint.chat, orjson.dumps(request), RequestContext("rid"))
     assert engine.calls == []
+
+
+# What vLLM 0.32's Hermes parser lets the tiny model write under `tool_choice: "required"`:
+# the markup of calls whose arguments are no object, cut short by `max_tokens`, so the
+# parser extracts no call and the answer is text.
+MARKUP = '<tool_call>{"name": "get_reservation_details", "arguments": 3272e333}</tool_call><tool'
+NAMED = {"type": "function", "function": {"name": "get_reservation_details"}}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("tool_choice", ["required", NAMED], ids=["required", "named"])
+async def test_an_answer_that_owes_a_call_and_makes_none_is_asked_again(
+    tool_choice: Any, stream: bool
+) -> None:
+    """`tool_choice` required or named: an answer in text is no success; it is asked
+    again with what was wrong, and the call of the second answer is what the client gets
+    (a stream's text has flowed; the call finishes it)."""
+    engine = Engine((TEXT, MARKUP), ("get_reservation_details", GOOD))
+    pipeline, metrics = make(policy(), engine)
+    message = await answer(pipeline, stream, tool_choice=tool_choice)
+    assert [c["function"]["arguments"] for c in message["tool_calls"]] == [GOOD]
+    assert len(engine.calls) == 2
+    told = engine.calls[1]["messages"][-1]["content"]
+    assert told.startswith("That answer was rejected: `tool_choice` asked for a call to ")
+    assert told.split("; ")[1].startswith("the answer made none")
+    assert counted(metrics, "reasked") == 1 and counted(metrics, "valid") == 1
+    problems = metrics.registry.get_sample_value(
+        "gateway_tool_call_problems_total", {"model": "m", "problem": "no_tool_call"}
+    )
+    assert problems == 1
+
+
+async def test_an_answer_that_never_makes_the_owed_call_is_refused() -> None:
+    engine = Engine((TEXT, MARKUP))
+    pipeline, metrics = make(policy(), engine)
+    with pytest.raises(InvalidToolCall, match="asked for a call to `get_reservation_details`"):
+        await answer(pipeline, tool_choice=NAMED)
+    assert len(engine.calls) == 2 and counted(metrics, "refused") == 1
+
+
+async def test_a_call_to_another_tool_than_the_named_one_is_not_the_owed_call() -> None:
+    engine = Engine(("think", '{"thought": "hm"}'), ("get_reservation_details", GOOD))
+    pipeline, _ = make(policy(), engine)
+    message = await answer(pipeline, tool_choice=NAMED)
+    assert message["tool_calls"][0]["function"]["name"] == "get_reservation_details"
+    assert "the answer made `think`" in engine.calls[1]["messages"][-1]["content"]
+
+
+async def test_a_stream_that_owes_a_call_is_refused_in_stream_when_the_policy_says_so() -> None:
+    engine = Engine((TEXT, MARKUP))
+    pipeline, metrics = make(policy("{on_invalid: [refuse], refuse_as: message}"), engine)
+    served = await pipeline.handle(
+        Endpoint.chat, body(True, tool_choice="required"), RequestContext("rid")
+    )
+    assert served.stream is not None
+    seen = b"".join([bytes(e) async for e in served.stream.events()])
+    assert b"nothing was run: `tool_choice` asked for a call" in seen
+    assert b'"finish_reason":"stop"' in seen and b'"tool_calls":[' not in seen
+    assert counted(metrics, "refused") == 1 and len(engine.calls) == 1
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_text_answer_under_auto_owes_nothing(stream: bool) -> None:
+    engine = Engine((TEXT, "Your reservation is ZFA04Y."))
+    pipeline, metrics = make(policy(), engine)
+    message = await answer(pipeline, stream, tool_choice="auto")
+    assert message["content"] == "Your reservation is ZFA04Y." and not message.get("tool_calls")
+    assert len(engine.calls) == 1 and counted(metrics, "refused") == 0
