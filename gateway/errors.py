@@ -276,6 +276,14 @@ class ContextLengthExceeded(UpstreamRejected):
         self.input_tokens = input_tokens
         self.output_tokens = output_tokens
 
+    @property
+    def needed(self) -> int:
+        """The tokens the request needed at least: its prompt, and where the prompt fits
+        but the output it asked for does not, both."""
+        if self.output_tokens and self.input_tokens <= self.limit:
+            return self.input_tokens + self.output_tokens
+        return self.input_tokens
+
     def anthropic_message(self) -> str:
         if self.output_tokens and self.input_tokens <= self.limit:
             return (

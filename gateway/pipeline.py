@@ -415,10 +415,16 @@ class Pipeline:
         assert choice is not None and route is not None
         tenant = call.tenant
         failure: GatewayError
+        past = self._tiers.past_outgrown(
+            request.model, choice, route, lambda: request.size, tenant.tier_clamps
+        )
+        if past is not None:  # an earlier turn of this conversation was too long for it
+            choice = past
         try:
             return choice, await self._send_to(choice.pool, request, route, context)
         except ContextLengthExceeded as exc:  # a tier with a larger window may hold it
             failure = exc
+            self._tiers.outgrew(request.model, route, exc, request.size)
             wider = self._tiers.wider(request.model, choice, exc.limit, tenant.tier_clamps)
             if wider is not None:
                 try:

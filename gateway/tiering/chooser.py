@@ -19,12 +19,14 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from gateway import headers
+from gateway.errors import ContextLengthExceeded
 from gateway.fleet.replicas import Fleet, Pool, Replica, UnservedModel
 from gateway.policy import Endpoint, Policy
 from gateway.policy.tenant_overrides import TierClamps
 from gateway.policy.tiering import TieringSpec
 from gateway.routing.costs import RouteRequest
 from gateway.tiering.checks import OutputChecks, checks_for
+from gateway.tiering.outgrown import OutgrownWindows
 from gateway.tiering.rules import RequestFacts, Rules, facts_of
 from gateway.tiering.shadow import ShadowJob
 from gateway.tiering.stickiness import SessionTiers
@@ -115,6 +117,8 @@ class TierChooser:
     ) -> None:
         self._fleet = fleet
         self._memory = memory
+        # Conversations a tier's window refused, sent on past it (gateway/tiering/outgrown.py).
+        self._outgrown = OutgrownWindows()
         self._cached_share = cached_share
         scorers: dict[str | None, Scorer] = {}
 
@@ -215,6 +219,63 @@ class TierChooser:
         """The same request on the tier with the smallest window larger than `window`, the
         one its prompt did not fit, among those the tenant may use; None for an alias
         without tiers, or when no other tier's window is known to be larger."""
+        found = self._wider_tier(alias, choice, window, clamps)
+        if found is None:
+            return None
+        tier, tokens = found
+        reason = f"window: {choice.tier} holds {window} tokens, not the prompt; {tier} {tokens}"
+        return TierChoice(
+            self._routes[alias].pools[tier], tier, reason, "escalation",
+            checks=choice.checks, text=choice.text,
+        )  # fmt: skip
+
+    def outgrew(
+        self, alias: str, route_request: RouteRequest, refusal: ContextLengthExceeded, size: int
+    ) -> None:
+        """A request of `size` bytes did not fit a tier's window: the conversation's later
+        requests estimated as large skip tiers that small (`past_outgrown`)."""
+        if alias not in self._routes:  # an untiered model has nowhere else to go
+            return
+        self._outgrown.refused(route_request.session_hash, alias, refusal.needed, size)
+
+    def past_outgrown(
+        self,
+        alias: str,
+        choice: TierChoice,
+        route_request: RouteRequest,
+        size: Callable[[], int],
+        clamps: TierClamps | None = None,
+    ) -> TierChoice | None:
+        """The tier a request goes to instead of `choice` when an earlier request of its
+        conversation did not fit a window and this one, estimated from that refusal's
+        tokens per byte, needs more than `choice`'s window too; None: `choice` stands.
+        `size`: the request's size in bytes, asked for only then."""
+        if not len(self._outgrown):  # nothing ever refused: no hash, no lookup
+            return None
+        needed = self._outgrown.needed(route_request.session_hash, alias, size)
+        if needed is None:
+            return None
+        window = choice.pool.context_tokens()
+        if window is None or window > needed:
+            return None
+        found = self._wider_tier(alias, choice, needed, clamps)
+        if found is None:
+            return None
+        tier, larger = found
+        reason = (
+            f"session: about {needed} tokens, past {choice.tier}'s {window} (an earlier "
+            f"turn did not fit); {tier} {larger}"
+        )
+        return TierChoice(
+            self._routes[alias].pools[tier], tier, reason, "session",
+            checks=choice.checks, text=choice.text,
+        )  # fmt: skip
+
+    def _wider_tier(
+        self, alias: str, choice: TierChoice, window: int, clamps: TierClamps | None
+    ) -> tuple[str, int] | None:
+        """The tenant's tier, other than `choice`'s, with the smallest window above
+        `window` tokens, and that window."""
         route = self._routes.get(alias)
         if route is None:
             return None
@@ -228,10 +289,7 @@ class TierChooser:
         if not larger:
             return None
         tokens, tier = min(larger)
-        reason = f"window: {choice.tier} holds {window} tokens, not the prompt; {tier} {tokens}"
-        return TierChoice(
-            route.pools[tier], tier, reason, "escalation", checks=choice.checks, text=choice.text
-        )
+        return tier, tokens
 
     def structured_outputs(self, alias: str) -> bool:
         route = self._routes.get(alias)

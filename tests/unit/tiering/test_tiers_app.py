@@ -266,3 +266,55 @@ def test_a_prompt_the_small_tiers_window_cannot_hold_moves_to_a_tier_whose_windo
     assert refused.status_code == 400
     assert refused.json()["error"]["code"] == "context_length_exceeded"
     assert seen == ["small", "large", "small"]
+
+
+def test_a_conversation_that_outgrew_the_small_tiers_window_skips_it_on_later_turns(
+    policy: Policy, gateways: OpenGateways
+) -> None:
+    """Histories grow: once the small tier refused a conversation's prompt, its later turns
+    estimated as large (from that refusal's tokens per byte) go straight to the larger
+    window instead of paying the refusal each turn; a smaller call of the same conversation,
+    and other conversations, still go where they were chosen to."""
+    seen: list[str] = []
+
+    def engines(call: Call) -> Scripted:
+        host = call.url.split("//")[1].split(".")[0]
+        seen.append(host)
+        return (
+            Scripted(status=400, body=TOO_LONG)
+            if host == "small"
+            else Scripted(body=completion("roomy"))
+        )
+
+    client, _ = gateways.open(policy, engines)
+    fleet = current(client.app.state).fleet  # type: ignore[attr-defined]
+    fleet.pools["small-pool"].replicas[0].context_tokens = 8192
+    fleet.pools["large-pool"].replicas[0].context_tokens = 32768
+    ruled = {"X-Task": "classify"}
+    first = [{"role": "system", "content": "You label mail."},
+             {"role": "user", "content": "spam? " + "words " * 400}]  # fmt: skip
+    later = [*first, {"role": "assistant", "content": "ham"},
+             {"role": "user", "content": "and this? " + "words " * 50}]  # fmt: skip
+
+    def turn(messages: list[dict[str, str]]) -> tuple[str, str]:
+        body = {"model": "auto", "messages": messages}
+        response = client.post("/v1/chat/completions", json=body, headers=ruled)
+        assert response.status_code == 200, response.text
+        return response.headers["x-gateway-tier"], response.headers["x-gateway-route-reason"]
+
+    assert turn(first)[1] == "window: small holds 8192 tokens, not the prompt; large 32768"
+    assert seen == ["small", "large"]
+    tier, reason = turn(later)
+    assert (tier, seen) == ("large", ["small", "large", "large"])
+    assert reason.startswith("session: about ") and reason.endswith(
+        " tokens, past small's 8192 (an earlier turn did not fit); large 32768"
+    )
+    # The same conversation's first call again, smaller than the refused one: small first.
+    seen.clear()
+    shorter = [first[0], {"role": "user", "content": "spam? " + "words " * 300}]
+    turn(shorter)
+    assert seen == ["small", "large"]
+    # Another conversation (another first message) has no refusal on record.
+    seen.clear()
+    turn([first[0], {"role": "user", "content": "ham? " + "words " * 500}])
+    assert seen == ["small", "large"]
