@@ -54,6 +54,7 @@ from gateway.tiering.stickiness import MemorySessionTiers
 from gateway.tool_call_steps import ToolCallSteps
 from gateway.toolcalls.checker import ToolCallChecks
 from gateway.toolcalls.stream_hold import ToolCallHold
+from gateway.toolcalls.tool_choice import AS_SENT, declared_names, read_tool_choice
 from gateway.upstream.client import Upstream
 
 log = logging.getLogger(__name__)
@@ -237,13 +238,18 @@ class Pipeline:
     async def _canonicalize(self, call: Call) -> Call:
         request, session, context = call.request, call.session, call.context
         declared = request.body.get("tools") if request.endpoint is Endpoint.chat else None
-        if declared and (strict := self._tool_calls.constrain(declared)) is not None:
-            request = request.with_body({**request.body, "tools": strict})  # before hashing
+        tool_choice = AS_SENT
+        if declared:
+            if (strict := self._tool_calls.constrain(declared)) is not None:
+                request = request.with_body({**request.body, "tools": strict})  # before hashing
+            if (asked := request.body.get("tool_choice")) is not None:
+                tool_choice = read_tool_choice(asked, declared_names(declared))
+                if tool_choice.engine is not None:  # `allowed_tools`: vLLM does not take it
+                    request = request.with_body({**request.body, "tool_choice": tool_choice.engine})
         with context.record.stage("canonicalize"):
             request, tools_json = self._prefix_steps.canonicalize(request)
-        body = request.body
         tools = self._tool_calls.for_request(
-            request.model, declared, tools_json, body.get("n"), body.get("tool_choice")
+            request.model, declared, tools_json, request.body.get("n"), tool_choice
         )
         headers = dict(call.headers)
         if prefix_changes := await self._prefix_steps.changes(request, session):

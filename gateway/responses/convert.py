@@ -93,10 +93,24 @@ def input_messages(items: Any, compacted: dict[int, list[Message]] | None = None
 
 
 def chat_tool_choice(choice: Any) -> Any:
+    """The Responses API's `tool_choice` in Chat Completions' shape (`allowed_tools` is
+    then read, and checked, as a chat request's: gateway/toolcalls/tool_choice.py)."""
     if choice is None or isinstance(choice, str):
         return choice
     if isinstance(choice, dict) and choice.get("type") == "function":
         return {"type": "function", "function": {"name": choice.get("name")}}
+    if isinstance(choice, dict) and choice.get("type") == "allowed_tools":
+        listed = choice.get("tools")
+        tools = [
+            {"type": "function", "function": {"name": tool.get("name")}}
+            if isinstance(tool, dict) and tool.get("type") == "function"
+            else tool
+            for tool in (listed if isinstance(listed, list) else ())
+        ]
+        return {
+            "type": "allowed_tools",
+            "allowed_tools": {"mode": choice.get("mode"), "tools": tools},
+        }
     raise InvalidRequest("Unsupported `tool_choice`.", param="tool_choice")
 
 

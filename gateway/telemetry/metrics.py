@@ -210,7 +210,8 @@ class GatewayMetrics:
         self.tool_call_problems = Counter(
             "gateway_tool_call_problems",
             "Invalid tool calls by problem: unknown_tool, invalid_json, not_an_object, "
-            "schema, denied, no_tool_call; and repairs made: code_fence, closed_json, coerced.",
+            "schema, denied, no_tool_call, tool_not_allowed; and repairs made: code_fence, "
+            "closed_json, coerced.",
             ["model", "problem"],
             registry=self.registry,
         )

@@ -29,6 +29,7 @@ from gateway.policy.tool_calls import Step, ToolCallsSpec
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.toolcalls.argument_rules import CompiledRules
 from gateway.toolcalls.contract import CallIssue, Review, ToolContract, ToolContracts
+from gateway.toolcalls.tool_choice import ANY_TOOL, AS_SENT, ToolChoice
 
 # How much of a problem the agent, a re-ask or a log line is told.
 _DETAIL_CHARS = 300
@@ -66,12 +67,12 @@ class ToolCallChecks:
         tools: Any,
         tools_json: bytes | None,
         choices: Any = None,
-        tool_choice: Any = None,
+        tool_choice: ToolChoice = AS_SENT,
     ) -> ToolCheck | None:
         """The check of a request's answer; None when it declares no tools (or checks
         are off). `choices`: the request's `n`; only one choice's calls are judged, so
-        more is a 400 rather than calls nobody checked. `tool_choice`: `required` or a
-        named function makes an answer without such a call invalid too."""
+        more is a 400 rather than calls nobody checked. `tool_choice`: the call the
+        answer owes and the tools it may call (gateway/toolcalls/tool_choice.py)."""
         if not self.spec.check or not isinstance(tools, list) or not tools:
             return None
         if choices not in (None, 1):
@@ -81,9 +82,7 @@ class ToolCallChecks:
                 param="n",
                 code="tool_checks_need_one_choice",
             )
-        return ToolCheck(
-            self, model, self._contracts.of(tools, tools_json), demanded_call(tool_choice)
-        )
+        return ToolCheck(self, model, self._contracts.of(tools, tools_json), tool_choice)
 
     def constrain(self, tools: list[Any]) -> list[Any] | None:
         """The tools to send with `strict: true` where the policy marks them strict; None
@@ -112,23 +111,6 @@ class ToolCallChecks:
         self._metrics.tool_call_problems.labels(model, problem).inc()
 
 
-ANY_TOOL = ""  # `tool_choice: "required"`: a call to any declared tool
-
-
-def demanded_call(tool_choice: Any) -> str | None:
-    """The call a chat request's `tool_choice` makes the answer owe: `ANY_TOOL` for
-    `required`, the function's name for a named one, None when the model may answer in
-    text (`auto`, `none`, absent, or a shape the engine will refuse)."""
-    if tool_choice == "required":
-        return ANY_TOOL
-    if isinstance(tool_choice, dict) and tool_choice.get("type") == "function":
-        function = tool_choice.get("function")
-        name = function.get("name") if isinstance(function, dict) else None
-        if isinstance(name, str) and name:
-            return name
-    return None
-
-
 class ToolCheck:
     """One request's check. `demand`: the call `tool_choice` makes the answer owe
     (`demanded_call`); None when it owes none."""
@@ -138,12 +120,13 @@ class ToolCheck:
         checks: ToolCallChecks,
         model: str,
         contract: ToolContract,
-        demand: str | None = None,
+        choice: ToolChoice = AS_SENT,
     ) -> None:
         self._checks = checks
         self.model = model
         self.contract = contract
-        self.demand = demand
+        self.demand = choice.demand
+        self.allowed = choice.allowed
 
     def missing(self, calls: list[dict[str, Any]]) -> CallIssue | None:
         """What is wrong with an answer that owes a call (`tool_choice` required or
@@ -154,13 +137,18 @@ class ToolCheck:
         if demand is None:
             return None
         names = [(c.get("function") or {}).get("name") for c in calls if isinstance(c, dict)]
-        if (demand == ANY_TOOL and names) or demand in names:
+        allowed = self.allowed
+        if demand == ANY_TOOL:
+            if any(allowed is None or name in allowed for name in names):
+                return None
+        elif demand in names:
             return None
-        wanted = (
-            "a call to one of the declared tools"
-            if demand == ANY_TOOL
-            else (f"a call to `{demand}`")
-        )
+        if demand != ANY_TOOL:
+            wanted = f"a call to `{demand}`"
+        elif allowed is None:
+            wanted = "a call to one of the declared tools"
+        else:
+            wanted = "a call to one of " + ", ".join(f"`{n}`" for n in sorted(allowed))
         made = ", ".join(f"`{n}`" for n in names) if names else "none"
         detail = f"`tool_choice` asked for {wanted}; the answer made {made}"
         return CallIssue(len(calls), demand or "*", "no_tool_call", detail)
@@ -183,12 +171,30 @@ class ToolCheck:
                 issues.append(CallIssue(index, str(name), "denied", detail))
             elif ruling.verdict == "hold":
                 held.append(str(name))
+        if self.allowed is not None:
+            issues += self._not_allowed(review.calls)
         if (missing := self.missing(review.calls)) is not None:
             issues.append(missing)
         judgement = Judgement(review, tuple(issues), tuple(dict.fromkeys(held)))
         if count:
             self.note(judgement)
         return judgement
+
+    def _not_allowed(self, calls: list[dict[str, Any]]) -> list[CallIssue]:
+        """Calls to declared tools that the request's `allowed_tools` choice leaves out
+        (an undeclared tool is `unknown_tool` already)."""
+        allowed, declared = self.allowed, self.contract.tools
+        assert allowed is not None
+        issues = []
+        for index, call in enumerate(calls):
+            name = (call.get("function") or {}).get("name")
+            if name in declared and name not in allowed:
+                listed = ", ".join(f"`{n}`" for n in sorted(allowed))
+                detail = (
+                    f"`{name}` is not allowed by this request's `tool_choice` (allowed: {listed})"
+                )
+                issues.append(CallIssue(index, name, "tool_not_allowed", detail))
+        return issues
 
     def note(self, judgement: Judgement) -> None:
         for issue in judgement.issues:

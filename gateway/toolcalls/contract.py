@@ -24,7 +24,13 @@ from gateway.toolcalls.repair import closed, coerced, unfenced
 from gateway.untrusted.schemas import UnsafeSchema
 
 Problem = Literal[
-    "unknown_tool", "invalid_json", "not_an_object", "schema", "denied", "no_tool_call"
+    "unknown_tool",
+    "invalid_json",
+    "not_an_object",
+    "schema",
+    "denied",
+    "no_tool_call",
+    "tool_not_allowed",
 ]
 Repair = Literal["code_fence", "closed_json", "coerced"]
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -214,3 +215,43 @@ def owed_calls(
                     arguments + (function.arguments or "" if function else ""),
                 )
     return list(calls.values())
+
+
+def allowed_only(mode: str, *names: str) -> Any:
+    tools = [{"type": "function", "function": {"name": n}} for n in names]
+    return {"type": "allowed_tools", "allowed_tools": {"mode": mode, "tools": tools}}
+
+
+def test_allowed_tools_narrow_the_calls_and_keep_the_prompt_cached(
+    client: openai.OpenAI,
+) -> None:
+    """OpenAI's `allowed_tools`, which vLLM does not take: every tau-bench tool stays in
+    the prompt, so two turns allowing different tools send the engine the same prefix
+    (the second is a prefix-cache hit), and a call to a tool left out never arrives."""
+    tools: Any = TAU_TOOLS
+    asked: list[ChatCompletionMessageParam] = [
+        {"role": "user", "content": f"Where is my reservation {uuid.uuid4().hex[:6]}?"}
+    ]
+    made = []
+    for name, arguments in (("get_reservation_details", '{"reservation_id": "ZFA04Y"}'),
+                            ("list_all_airports", "{}")):  # fmt: skip
+        answer = client.chat.completions.create(
+            model="tiny", messages=asked, tools=tools, max_tokens=80, temperature=0,
+            tool_choice=allowed_only("auto", name), extra_body=forced(name, arguments),
+        )  # fmt: skip
+        made.append(answer)
+    names = [m.choices[0].message.tool_calls[0].function.name for m in made]  # type: ignore[index,union-attr]
+    assert names == ["get_reservation_details", "list_all_airports"]
+    first, second = (m.usage for m in made)
+    assert first is not None and second is not None
+    assert first.prompt_tokens == second.prompt_tokens  # the same prompt: every tool in it
+    cached = second.prompt_tokens_details.cached_tokens if second.prompt_tokens_details else 0
+    assert cached and cached >= second.prompt_tokens - 32  # all but the last partial block
+    with pytest.raises(openai.APIStatusError) as raised:
+        client.chat.completions.create(
+            model="tiny", messages=ASK, tools=tools, max_tokens=80, temperature=0,
+            tool_choice=allowed_only("auto", "think"),
+            extra_body=forced("get_reservation_details", '{"reservation_id": "ZFA04Y"}'),
+        )  # fmt: skip
+    assert raised.value.status_code == 502
+    assert "`get_reservation_details` is not allowed" in raised.value.response.text

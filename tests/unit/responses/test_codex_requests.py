@@ -271,3 +271,27 @@ def test_a_compaction_item_the_gateway_did_not_make_is_a_400(
     assert answer.status_code == 400
     assert answer.json()["error"]["param"] == "input[0].encrypted_content"
     assert fake.calls == []
+
+
+def test_allowed_tools_reach_the_engine_as_vllm_takes_them_with_every_tool_declared(
+    redis_url: str, gateways: OpenGateways
+) -> None:
+    """OpenAI's `allowed_tools` (Responses shape): every tool stays in the prompt, the
+    engine is sent a choice it takes, and the answer's calls are held to the allowed."""
+    client, fake = open_gateway(gateways, redis_url)
+    choice = {"type": "allowed_tools", "mode": "auto",
+              "tools": [{"type": "function", "name": "multi_agent_v1__spawn_agent"}]}  # fmt: skip
+    answer = client.post("/v1/responses", json=codex_request(tool_choice=choice))
+    assert answer.status_code == 200, answer.text
+    engine_body = sent(fake)
+    assert engine_body["tool_choice"] == "auto" and len(engine_body["tools"]) == 3
+    # Only exec_command allowed, and a call owed: the twin calls spawn_agent, every time.
+    choice = {"type": "allowed_tools", "mode": "required",
+              "tools": [{"type": "function", "name": "exec_command"}]}  # fmt: skip
+    refused = client.post("/v1/responses", json=codex_request(tool_choice=choice))
+    assert refused.status_code == 502, refused.text
+    assert "`multi_agent_v1__spawn_agent` is not allowed" in refused.json()["error"]["message"]
+    assert sent(fake)["tool_choice"] == {"type": "function", "function": {"name": "exec_command"}}
+    wrong = {"type": "allowed_tools", "mode": "auto", "tools": [{"type": "function", "name": "rm"}]}
+    bad = client.post("/v1/responses", json=codex_request(tool_choice=wrong))
+    assert bad.status_code == 400 and "`rm` is not among" in bad.json()["error"]["message"]

@@ -343,3 +343,55 @@ async def test_a_text_answer_under_auto_owes_nothing(stream: bool) -> None:
     message = await answer(pipeline, stream, tool_choice="auto")
     assert message["content"] == "Your reservation is ZFA04Y." and not message.get("tool_calls")
     assert len(engine.calls) == 1 and counted(metrics, "refused") == 0
+
+
+def only(mode: str, *names: str) -> dict[str, Any]:
+    """OpenAI's `allowed_tools` choice."""
+    tools = [{"type": "function", "function": {"name": n}} for n in names]
+    return {"type": "allowed_tools", "allowed_tools": {"mode": mode, "tools": tools}}
+
+
+async def test_allowed_tools_keep_every_tool_in_the_prompt_and_hold_calls_to_the_allowed() -> None:
+    """The engine gets every declared tool (the prompt's prefix stays the same turn after
+    turn) and `auto`; a call to a tool left out is invalid and asked again."""
+    engine = Engine(("get_reservation_details", GOOD), ("think", '{"thought": "ok"}'))
+    pipeline, metrics = make(policy(), engine)
+    message = await answer(pipeline, tool_choice=only("auto", "think"))
+    assert message["tool_calls"][0]["function"]["name"] == "think"
+    first, again = engine.calls
+    assert first["tools"] == TOOLS and first["tool_choice"] == "auto"
+    told = again["messages"][-1]["content"]
+    assert "`get_reservation_details` is not allowed by this request's `tool_choice`" in told
+    problems = metrics.registry.get_sample_value(
+        "gateway_tool_call_problems_total", {"model": "m", "problem": "tool_not_allowed"}
+    )
+    assert problems == 1
+
+
+@pytest.mark.parametrize(
+    ("names", "sent"),
+    [
+        (("think",), {"type": "function", "function": {"name": "think"}}),
+        (("think", "get_reservation_details"), "required"),
+    ],
+    ids=["one", "two"],
+)
+async def test_allowed_tools_required_owes_a_call_and_is_sent_as_vllm_takes_it(
+    names: tuple[str, ...], sent: Any
+) -> None:
+    engine = Engine((TEXT, MARKUP), ("think", '{"thought": "ok"}'))
+    pipeline, _ = make(policy(), engine)
+    message = await answer(pipeline, stream=True, tool_choice=only("required", *names))
+    assert [c["function"]["name"] for c in message["tool_calls"]] == ["think"]
+    assert engine.calls[0]["tool_choice"] == sent and engine.calls[0]["tools"] == TOOLS
+
+
+async def test_an_allowed_tools_choice_naming_an_undeclared_tool_is_a_400() -> None:
+    from gateway.errors import InvalidRequest
+
+    engine = Engine(("think", "{}"))
+    pipeline, _ = make(policy(), engine)
+    request = body(tool_choice=only("auto", "drop_tables"))
+    with pytest.raises(InvalidRequest, match="`drop_tables` is not among the request's `tools`"):
+        await pipeline.handle(Endpoint.chat, request, RequestContext("rid"))
+    assert engine.calls == []
