@@ -294,6 +294,19 @@ def _check_messages(body: dict[str, Any], limit: int) -> None:
                 param=f"messages[{i}].role",
                 code="invalid_value",
             )
+        if role == "assistant" and (calls := message.get("tool_calls")) is not None:
+            _check_tool_calls(calls, f"messages[{i}].tool_calls")
+
+
+def _check_tool_calls(calls: Any, param: str) -> None:
+    """An assistant message's calls are read by the gateway itself (sessions, trimming,
+    re-asks), not only by the engine: each must be an object, its `function` one too."""
+    if not isinstance(calls, list):
+        raise InvalidRequest(f"`{param}` must be an array.", param=param, code="invalid_type")
+    for j, call in enumerate(calls):
+        if not isinstance(call, dict) or not isinstance(call.get("function", {}), dict):
+            where = f"{param}[{j}]" if not isinstance(call, dict) else f"{param}[{j}].function"
+            raise InvalidRequest(f"`{where}` must be an object.", param=where, code="invalid_type")
 
 
 def _check_tools(body: dict[str, Any], limit: int) -> None:

@@ -75,6 +75,24 @@ def test_output_tokens_above_the_engines_context_are_brought_down_to_it() -> Non
             "missing_required_parameter",
         ),
         (b'{"model": "m", "messages": [{"role": "wizard"}]}', "messages[0].role", "invalid_value"),
+        # An assistant's calls are read by the gateway too (sessions, trimming): found by
+        # the OpenAPI fuzzer as a 500 in a session's trimming.
+        (
+            b'{"model": "m", "messages": [{"role": "assistant", "tool_calls": 5}]}',
+            "messages[0].tool_calls",
+            "invalid_type",
+        ),
+        (
+            b'{"model": "m", "messages": [{"role": "user"}, '
+            b'{"role": "assistant", "tool_calls": [{"function": {}}, 0]}]}',
+            "messages[1].tool_calls[1]",
+            "invalid_type",
+        ),
+        (
+            b'{"model": "m", "messages": [{"role": "assistant", "tool_calls": [{"function": "f"}]}]}',
+            "messages[0].tool_calls[0].function",
+            "invalid_type",
+        ),
         (
             b'{"model": "m", "messages": [{"role": "user"}], "stream": "yes"}',
             "stream",
