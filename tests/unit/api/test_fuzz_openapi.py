@@ -114,6 +114,20 @@ CHECKS = [
     response_headers_conformance,
     response_schema_conformance,
 ]
+# A 502 `invalid_tool_call` is the gateway's documented verdict on the engine's answer (a
+# fuzzed tool's schema that the twin's call does not meet), not a fault of its own.
+VERDICT_CHECKS = [check for check in CHECKS if check is not not_a_server_error]
+
+
+def served(response: Any) -> bool:
+    """False for a refused tool call, which is still held to the documented shapes."""
+    if response.status_code != 502:
+        return True
+    try:
+        return bool(response.json()["error"]["code"] != "invalid_tool_call")
+    except (ValueError, KeyError, TypeError):
+        return True
+
 
 # What OpenAI's published schema calls each request the engine serves.
 _OPENAI_REQUEST = {
@@ -138,9 +152,21 @@ HISTORY = [  # a tool result (`m2`) of a state tool, so trimming and artifacts h
 ]
 
 
+def _owed(tool_choice: Any, offered: set[Any]) -> str | None:
+    """The tool a request's `tool_choice` makes vLLM call (named, or with `required` the
+    first offered), None when it may answer in text."""
+    if isinstance(tool_choice, dict) and isinstance(tool_choice.get("function"), dict):
+        name = tool_choice["function"].get("name")
+        return name if isinstance(name, str) else None
+    if tool_choice == "required" and offered:
+        return str(sorted(map(str, offered))[0])
+    return None
+
+
 class Engine:
     """vLLM's stand-in: a 400 for what OpenAI's schema refuses, else a well-formed answer
-    (streamed when asked; a call of the held tool when offered it). With `wrong` set, that
+    (streamed when asked; a call of the held tool when offered it, or of the tool
+    `tool_choice` names or requires). With `wrong` set, that
     answer instead, whatever was asked."""
 
     def __init__(self) -> None:
@@ -173,9 +199,10 @@ class Engine:
             for tool in body.get("tools") or ()
             if isinstance(tool, dict) and isinstance(tool.get("function"), dict)
         }
-        held = chat and HELD_TOOL in offered
+        owed = _owed(body.get("tool_choice"), offered) if chat else None
+        held = chat and (HELD_TOOL in offered or owed is not None)
         call_made = {"id": "call_9", "type": "function",
-                     "function": {"name": HELD_TOOL, "arguments": '{"reservation_id": "R1"}'}}  # fmt: skip
+                     "function": {"name": owed or HELD_TOOL, "arguments": '{"reservation_id": "R1"}'}}  # fmt: skip
         if body.get("stream"):
             if held:
                 delta: dict[str, Any] = {"delta": {"tool_calls": [{"index": 0, **call_made}]}}
@@ -383,7 +410,7 @@ def test_every_operation_answers_without_5xx_and_as_documented(
     )
     def run(case: Case[Any]) -> None:
         response = send(gateway.client, case)
-        case.validate_response(response, checks=CHECKS)
+        case.validate_response(response, checks=CHECKS if served(response) else VERDICT_CHECKS)
         assert not gateway.trouble.take(), case.as_curl_command()
 
     run()
