@@ -22,12 +22,16 @@ from openai.types.chat import ChatCompletionMessageParam
 from openai.types.shared_params import ResponseFormatJSONSchema
 from pydantic import BaseModel
 
+from engine.cli import resolve_model
+from engine.lifeline import Lifeline
+from engine.profiles import load_profile
+from engine.supervisor import Launch, down, up
 from gateway.cli import main
 from gateway.offline.route_train.outcomes import read_log
 from gateway.state.keys import session_tier_key
 from gateway.tiering.learned import SHIPPED, LearnedRouter
 from tests.conftest import ROOT
-from tests.integration.conftest import Engines, Gateway, running_gateway
+from tests.integration.conftest import Engines, Gateway, engine_paths, running_gateway
 
 pytestmark = pytest.mark.engine
 
@@ -304,3 +308,81 @@ def test_a_session_does_not_bounce_between_tiers(
     with redis.Redis.from_url(redis_url) as store:
         stored = store.get(session_tier_key("default", session, "sticky"))
     assert stored == b"large"
+
+
+@pytest.fixture(scope="module")
+def short_window(
+    engines: Engines,
+    redis_url: str,
+    tmp_path_factory: pytest.TempPathFactory,
+    engine_lifeline: Lifeline,
+) -> Iterator[Gateway]:
+    """A small tier whose engine holds 2,048 tokens (a `cpu-tiny` replica started with a
+    shorter window) under a large tier of the suite's 16,384-token replicas."""
+    work = tmp_path_factory.mktemp("short-window")
+    paths = engine_paths(work)
+    chat = load_profile("cpu-tiny")
+    short = chat.model_copy(update={"max_model_len": 2048, "pool": "tiny-short"})
+    (record,) = up(
+        [Launch(short, 1, resolve_model(chat, None, paths))],
+        paths=paths, timeout_s=900, lifeline=engine_lifeline, say=lambda _: None,
+    )  # fmt: skip
+    large = ", ".join(f'{{url: "{url}"}}' for url in engines.urls("tiny-chat"))
+    policy = work / "policy.yaml"
+    policy.write_text(
+        f"""\
+version: 1
+state: {{redis_url: "{redis_url}"}}
+pools:
+  small: {{tier: small, served_model: tiny, replicas: [{{url: "{record.url}"}}]}}
+  large: {{tier: large, served_model: tiny, replicas: [{large}]}}
+models:
+  windowed: {{tiering: windowed}}
+tiering:
+  windowed:
+    tiers: {{small: small, large: large}}
+    rules:
+      - {{name: classify, when: {{task: [classify]}}, then: small}}
+    learned: null
+"""
+    )
+    try:
+        with running_gateway(policy, work / "gateway.log") as gateway:
+            yield gateway
+    finally:
+        down(paths, say=lambda _: None, lifeline=engine_lifeline)
+
+
+def test_a_prompt_past_the_small_engines_window_moves_up_and_its_conversation_stays(
+    short_window: Gateway,
+) -> None:
+    """Real vLLM refuses the prompt past its 2,048-token window; the gateway sends it to
+    the tier whose engines hold 16,384, and the conversation's next, longer turn goes
+    there directly; a short call of the same session still goes to the small tier."""
+    session = {"X-Task": "classify", "X-Session-Id": f"window-{uuid.uuid4().hex[:8]}"}
+    client = sdk(short_window)
+    long_text = " ".join(f"word{i % 97}" for i in range(1500))  # 5,406 tokens
+    turns: list[ChatCompletionMessageParam] = [
+        {"role": "system", "content": "Label the mail."},
+        {"role": "user", "content": long_text},
+    ]
+
+    def ask(messages: list[ChatCompletionMessageParam]) -> tuple[str, str]:
+        raw = client.chat.completions.with_raw_response.create(
+            model="windowed", messages=messages, max_tokens=4, temperature=0,
+            extra_headers=session,
+        )  # fmt: skip
+        return raw.headers["x-gateway-tier"], raw.headers["x-gateway-route-reason"]
+
+    assert ask(turns) == ("large", "window: small holds 2048 tokens, not the prompt; large 16384")
+    grown: list[ChatCompletionMessageParam] = [
+        *turns,
+        {"role": "assistant", "content": "spam"},
+        {"role": "user", "content": long_text},
+    ]
+    tier, reason = ask(grown)
+    assert tier == "large"
+    assert reason.startswith("session: about "), reason
+    assert reason.endswith("past small's 2048 (an earlier turn did not fit); large 16384")
+    short: list[ChatCompletionMessageParam] = [turns[0], {"role": "user", "content": "spam?"}]
+    assert ask(short) == ("small", "rule:classify")
