@@ -15,7 +15,7 @@ from typing import Any
 
 from gateway.chat.messages import Message
 from gateway.errors import InvalidRequest
-from gateway.responses.tools import NO_TOOLS, EngineTools, engine_name
+from gateway.responses.tools import NO_TOOLS, EngineTools, custom_arguments, engine_name
 
 _ROLES = {"user", "assistant", "system", "developer"}
 
@@ -58,21 +58,23 @@ def input_messages(items: Any, compacted: dict[int, list[Message]] | None = None
                 raise InvalidRequest(f"Unknown role `{role}`.", param=f"{param}.role")
             role = "system" if role == "developer" else role  # templates know `system`
             messages.append({"role": role, "content": _text_of(item.get("content"), param)})
-        elif kind == "function_call":
+        elif kind in ("function_call", "custom_tool_call"):
+            if kind == "function_call":
+                name = engine_name(item.get("namespace"), item.get("name"))
+                arguments = item.get("arguments") or ""
+            else:  # offered to the engine as a function of one string (responses/tools.py)
+                name, arguments = item.get("name"), custom_arguments(item.get("input"))
             call = {
                 "id": str(item.get("call_id") or item.get("id") or ""),
                 "type": "function",
-                "function": {
-                    "name": engine_name(item.get("namespace"), item.get("name")),
-                    "arguments": item.get("arguments") or "",
-                },
+                "function": {"name": name, "arguments": arguments},
             }
             last = messages[-1] if messages else None
             if last and last["role"] == "assistant" and "tool_calls" in last:
                 last["tool_calls"].append(call)
             else:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
-        elif kind == "function_call_output":
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             output = item.get("output")
             messages.append({
                 "role": "tool",
@@ -92,18 +94,21 @@ def input_messages(items: Any, compacted: dict[int, list[Message]] | None = None
     return messages
 
 
+_CALLABLE = ("function", "custom")  # tools the engine is offered as chat functions
+
+
 def chat_tool_choice(choice: Any) -> Any:
     """The Responses API's `tool_choice` in Chat Completions' shape (`allowed_tools` is
     then read, and checked, as a chat request's: gateway/toolcalls/tool_choice.py)."""
     if choice is None or isinstance(choice, str):
         return choice
-    if isinstance(choice, dict) and choice.get("type") == "function":
+    if isinstance(choice, dict) and choice.get("type") in _CALLABLE:
         return {"type": "function", "function": {"name": choice.get("name")}}
     if isinstance(choice, dict) and choice.get("type") == "allowed_tools":
         listed = choice.get("tools")
         tools = [
             {"type": "function", "function": {"name": tool.get("name")}}
-            if isinstance(tool, dict) and tool.get("type") == "function"
+            if isinstance(tool, dict) and tool.get("type") in _CALLABLE
             else tool
             for tool in (listed if isinstance(listed, list) else ())
         ]
@@ -171,16 +176,27 @@ def output_items(
     if content:
         items.append(message_item(response_id, str(content)))
     for i, call in enumerate(message.get("tool_calls") or ()):
-        function = call.get("function") or {}
-        items.append({
-            "type": "function_call",
-            "id": f"fc_{response_id[5:]}_{i}",
-            "call_id": call.get("id") or f"call_{response_id[5:]}_{i}",
-            **tools.item_name(str(function.get("name") or "")),
-            "arguments": function.get("arguments") or "",
-            "status": "completed",
-        })  # fmt: skip
+        items.append(call_item(response_id, i, call, tools))
     return items
+
+
+def call_item(
+    response_id: str, index: int, call: dict[str, Any], tools: EngineTools
+) -> dict[str, Any]:
+    """One call of the engine's as an output item: a `function_call`, or for a custom
+    tool a `custom_tool_call` (which has no `status` in OpenAI's schema)."""
+    function = call.get("function") or {}
+    made = tools.call_item(str(function.get("name") or ""), function.get("arguments") or "")
+    custom = made["type"] == "custom_tool_call"
+    item = {
+        "type": made["type"],
+        "id": f"{'ctc' if custom else 'fc'}_{response_id[5:]}_{index}",
+        "call_id": call.get("id") or f"call_{response_id[5:]}_{index}",
+        **made,
+    }
+    if not custom:
+        item["status"] = "completed"
+    return item
 
 
 def reasoning_item(response_id: str, text: str) -> dict[str, Any]:

@@ -2,7 +2,8 @@
 
 `response.created` and `response.in_progress` first; then for the assistant's text an
 output item, a content part and `response.output_text.delta` per chunk; for each tool call
-a function_call item and `response.function_call_arguments.delta`; when the engine's
+a function_call item and `response.function_call_arguments.delta` (a custom tool's call:
+a custom_tool_call item whose input is told whole when it is done); when the engine's
 stream ends, the `.done` events, the stored record (`on_complete`, before the client hears
 of it), and `response.completed`. An engine failure mid-stream, a chunk of the wrong shape
 included (gateway/chat/conformance.py), becomes an `error` event, and the stream ends there.
@@ -19,7 +20,7 @@ from gateway.chat.conformance import NotAnAnswer, check_shape
 from gateway.chat.stream import DONE, chunks_of, first_choice
 from gateway.delivery.served import EventStream
 from gateway.responses.convert import message_item, reasoning_item, response_object, usage_of
-from gateway.responses.tools import NO_TOOLS, EngineTools
+from gateway.responses.tools import NO_TOOLS, EngineTools, custom_input
 
 
 class ResponseEvents:
@@ -197,11 +198,13 @@ class ResponseEvents:
         state = self._calls.get(index)
         function = call.get("function") or {}
         if state is None:
+            name = function.get("name") or ""
+            custom = name in self._tools.custom  # its input is told whole, at the end
             state = self._calls[index] = {
-                "type": "function_call",
-                "id": f"fc_{self._id[5:]}_{index}",
+                "type": "custom_tool_call" if custom else "function_call",
+                "id": f"{'ctc' if custom else 'fc'}_{self._id[5:]}_{index}",
                 "call_id": call.get("id") or f"call_{self._id[5:]}_{index}",
-                "name": function.get("name") or "",
+                "name": name,
                 "arguments": "",
                 "status": "in_progress",
                 "output_index": self._outputs,
@@ -219,6 +222,8 @@ class ResponseEvents:
         arguments = function.get("arguments")
         if isinstance(arguments, str) and arguments:
             state["arguments"] += arguments
+            if state["type"] == "custom_tool_call":
+                return events  # JSON of the function's one argument, not the input's text
             events.append(
                 self._event(
                     "response.function_call_arguments.delta",
@@ -230,7 +235,11 @@ class ResponseEvents:
         return events
 
     def _item(self, state: dict[str, Any]) -> dict[str, Any]:
-        """A call's item as the client sees it: a namespaced function's name apart."""
+        """A call's item as the client sees it: a namespaced function's name apart, a
+        custom tool's call with its `input` (and no `status`, as OpenAI's schema has it)."""
+        if state["type"] == "custom_tool_call":
+            keep = ("type", "id", "call_id", "name")
+            return {**{k: state[k] for k in keep}, "input": custom_input(state["arguments"])}
         item = {k: v for k, v in state.items() if k != "output_index"}
         item.update(self._tools.item_name(state["name"]))
         return item
@@ -272,15 +281,18 @@ class ResponseEvents:
         for state in self._calls.values():
             state["status"] = "completed"
             item = self._item(state)
-            events.append(
-                self._event(
-                    "response.function_call_arguments.done",
-                    item_id=state["id"],
-                    output_index=state["output_index"],
-                    name=self._tools.item_name(state["name"])["name"],
-                    arguments=state["arguments"],
+            if state["type"] == "custom_tool_call":
+                events += self._custom_input(state, item["input"])
+            else:
+                events.append(
+                    self._event(
+                        "response.function_call_arguments.done",
+                        item_id=state["id"],
+                        output_index=state["output_index"],
+                        name=self._tools.item_name(state["name"])["name"],
+                        arguments=state["arguments"],
+                    )
                 )
-            )
             events.append(
                 self._event(
                     "response.output_item.done", output_index=state["output_index"], item=item
@@ -292,6 +304,14 @@ class ResponseEvents:
         # A response cut short by max_output_tokens ends with `response.incomplete`.
         events.append(self._event(f"response.{response['status']}", response=response))
         return events
+
+    def _custom_input(self, state: dict[str, Any], text: str) -> list[bytes]:
+        """A custom call's input, whole: the engine wrote it as JSON of one argument."""
+        where = {"item_id": state["id"], "output_index": state["output_index"]}
+        return [
+            self._event("response.custom_tool_call_input.delta", **where, delta=text),
+            self._event("response.custom_tool_call_input.done", **where, input=text),
+        ]
 
 
 class ConvertedStream(EventStream):

@@ -6,11 +6,16 @@
   call of it comes back to the client as a `function_call` item with `namespace` and
   `name` apart, as OpenAI answers (a history's calls carrying `namespace` are joined the
   same way, so every turn's prompt says the same bytes).
+- `custom` tools (OpenAI's free-form tools, whose input is text, optionally under a Lark or
+  regex grammar) become functions of one string argument, `input` (the grammar, if
+  any, in its description: the engine cannot enforce a client's Lark grammar), and a call
+  comes back as a `custom_tool_call` item with that `input`; a history's custom calls and
+  outputs go to the engine the same way.
 - Tools the engine cannot run (hosted: `web_search`, `file_search`, `code_interpreter`,
   `image_generation`, `computer_use_preview`, `mcp`, ...; and built-ins whose calls are
-  not function calls: `local_shell`, `custom` grammar tools, ...) are left out of what the
-  engine sees, and named in `X-Gateway-Tools-Dropped` and a log line; with
-  `limits.hosted_tools: refuse` they are a 400 instead.
+  not function calls: `local_shell`, ...) are left out of what the engine sees, and named in
+  `X-Gateway-Tools-Dropped` and a log line; with `limits.hosted_tools: refuse` they are a
+  400 instead.
 """
 
 from __future__ import annotations
@@ -18,10 +23,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from gateway.errors import InvalidRequest
 
 _JOIN = "__"  # `<namespace>__<name>`: characters every tool parser and template accepts
 _FUNCTION_KEYS = ("name", "description", "parameters", "strict")
+CUSTOM_INPUT = "input"  # the one argument a custom tool's function takes
+_GRAMMAR_CHARS = 8_000  # of a custom tool's grammar, put in its argument's description
 
 
 @dataclass(frozen=True)
@@ -30,6 +39,18 @@ class EngineTools:
     dropped: tuple[str, ...] = ()  # what the engine was not offered, by type (or name)
     # engine name -> (namespace, name): the flattened functions of namespace tools
     namespaced: dict[str, tuple[str, str]] = field(default_factory=dict)
+    custom: frozenset[str] = frozenset()  # names of the custom tools
+
+    def call_item(self, engine_name: str, arguments: str) -> dict[str, Any]:
+        """A call's output item, but for its ids and status: a `custom_tool_call` with
+        its `input` for a custom tool, else a `function_call`."""
+        if engine_name in self.custom:
+            return {
+                "type": "custom_tool_call",
+                "name": engine_name,
+                "input": custom_input(arguments),
+            }
+        return {"type": "function_call", **self.item_name(engine_name), "arguments": arguments}
 
     def item_name(self, engine_name: str) -> dict[str, str]:
         """A call's `name` (and `namespace`) as the client offered the function."""
@@ -49,6 +70,23 @@ def engine_name(namespace: Any, name: Any) -> Any:
     return name
 
 
+def custom_input(arguments: str) -> str:
+    """A custom tool's input from the function call the engine made: its `input`, or the
+    arguments as they are when they are not that object (the tool-call check has then
+    judged them already)."""
+    try:
+        parsed = orjson.loads(arguments)
+    except orjson.JSONDecodeError:
+        return arguments
+    value = parsed.get(CUSTOM_INPUT) if isinstance(parsed, dict) else None
+    return value if isinstance(value, str) else arguments
+
+
+def custom_arguments(text: Any) -> str:
+    """A history's custom call as the engine's function call made it."""
+    return orjson.dumps({CUSTOM_INPUT: text if isinstance(text, str) else ""}).decode()
+
+
 def engine_tools(tools: Any, *, refuse_hosted: bool = False) -> EngineTools:
     if tools is None:
         return NO_TOOLS
@@ -57,12 +95,17 @@ def engine_tools(tools: Any, *, refuse_hosted: bool = False) -> EngineTools:
     out: list[dict[str, Any]] = []
     dropped: list[str] = []
     namespaced: dict[str, tuple[str, str]] = {}
+    custom: set[str] = set()
     for i, tool in enumerate(tools):
         kind = tool.get("type") if isinstance(tool, dict) else None
         if not isinstance(tool, dict) or not isinstance(kind, str):
             raise InvalidRequest("Each tool must be an object with a `type`.", param=f"tools[{i}]")
         if kind == "function":
             out.append(_function(tool, f"tools[{i}]"))
+        elif kind == "custom":
+            function = _custom(tool, f"tools[{i}]")
+            custom.add(function["function"]["name"])
+            out.append(function)
         elif kind == "namespace":
             namespace = tool.get("name")
             if not isinstance(namespace, str) or not namespace:
@@ -90,13 +133,37 @@ def engine_tools(tools: Any, *, refuse_hosted: bool = False) -> EngineTools:
             )
         else:
             dropped.append(_label(tool))
-    return EngineTools(out, tuple(dropped), namespaced)
+    return EngineTools(out, tuple(dropped), namespaced, frozenset(custom))
 
 
 def _function(tool: dict[str, Any], param: str) -> dict[str, Any]:
     if not isinstance(tool.get("name"), str) or not tool["name"]:
         raise InvalidRequest("A function tool needs a `name`.", param=f"{param}.name")
     return {"type": "function", "function": {k: tool[k] for k in _FUNCTION_KEYS if k in tool}}
+
+
+def _custom(tool: dict[str, Any], param: str) -> dict[str, Any]:
+    """A custom tool as a function of one string, its grammar (if any) described."""
+    name = tool.get("name")
+    if not isinstance(name, str) or not name:
+        raise InvalidRequest("A custom tool needs a `name`.", param=f"{param}.name")
+    described = "The tool's whole input, as free text."
+    form = tool.get("format")
+    if isinstance(form, dict) and form.get("type") == "grammar":
+        definition = form.get("definition")
+        if isinstance(definition, str) and definition:
+            syntax = form.get("syntax") if isinstance(form.get("syntax"), str) else ""
+            described += f" It must follow this {syntax} grammar:\n{definition[:_GRAMMAR_CHARS]}"
+    parameters = {
+        "type": "object",
+        "properties": {CUSTOM_INPUT: {"type": "string", "description": described}},
+        "required": [CUSTOM_INPUT],
+        "additionalProperties": False,
+    }
+    function: dict[str, Any] = {"name": name, "parameters": parameters}
+    if isinstance(tool.get("description"), str):
+        function["description"] = tool["description"]
+    return {"type": "function", "function": function}
 
 
 def _label(tool: Any) -> str:

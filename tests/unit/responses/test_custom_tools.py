@@ -1,0 +1,129 @@
+"""The Responses API's `custom` tools (OpenAI's free-form tools: text input under an
+optional grammar, such as an `apply_patch` tool) in front of an engine that only knows
+functions: offered as a function of one string, called back as a `custom_tool_call`, whole
+and streamed, and a history's custom calls and outputs replayed to the engine. Through the
+real app (engine twin, real Redis), answers checked against OpenAI's published schema."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+import pytest
+
+from gateway.policy import parse_policy
+from tests.fakes import Call, FakeUpstream, Scripted
+from tests.openapi_contract import violations
+from tests.unit.clients import TINY_POLICY, OpenGateways
+
+GRAMMAR = 'start: begin_patch hunk+ end_patch\nbegin_patch: "*** Begin Patch" LF'
+APPLY_PATCH = {"type": "custom", "name": "apply_patch", "description": "Edit files.",
+               "format": {"type": "grammar", "syntax": "lark", "definition": GRAMMAR}}  # fmt: skip
+PATCH = "*** Begin Patch\n*** Add File: hi.txt\n+hi\n*** End Patch"
+
+
+def engine(call: Call) -> Scripted:
+    """Calls apply_patch, as a function of one string, with PATCH."""
+    body = orjson.loads(call.body)
+    arguments = orjson.dumps({"input": PATCH}).decode()
+    if body.get("stream"):
+        start = {"index": 0, "id": "call_3", "type": "function",
+                 "function": {"name": "apply_patch", "arguments": ""}}  # fmt: skip
+        deltas = [
+            {"choices": [{"index": 0, "delta": {"role": "assistant", "tool_calls": [start]}}]},
+            {"choices": [{"index": 0, "delta": {"tool_calls": [
+                {"index": 0, "function": {"arguments": arguments[:20]}}]}}]},
+            {"choices": [{"index": 0, "delta": {"tool_calls": [
+                {"index": 0, "function": {"arguments": arguments[20:]}}]}}]},
+            {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
+        ]  # fmt: skip
+        chunks = [b"data: " + orjson.dumps(d) + b"\n\n" for d in deltas] + [b"data: [DONE]\n\n"]
+        return Scripted(chunks=chunks, content_type="text/event-stream")
+    call_made = {"id": "call_3", "type": "function",
+                 "function": {"name": "apply_patch", "arguments": arguments}}  # fmt: skip
+    completion = {
+        "id": "c", "object": "chat.completion", "created": 1, "model": "served-tiny",
+        "choices": [{"index": 0, "finish_reason": "tool_calls",
+                     "message": {"role": "assistant", "content": None, "tool_calls": [call_made]}}],
+        "usage": {"prompt_tokens": 9, "completion_tokens": 2, "total_tokens": 11},
+    }  # fmt: skip
+    return Scripted(body=orjson.dumps(completion))
+
+
+@pytest.fixture
+def opened(redis_url: str) -> Iterator[tuple[Any, FakeUpstream]]:
+    gateways = OpenGateways()
+    policy = TINY_POLICY + f"state: {{redis_url: '{redis_url}'}}\n"
+    yield gateways.open(parse_policy(policy), engine)
+    gateways.close_all()
+
+
+def request(**fields: Any) -> dict[str, Any]:
+    return {"model": "tiny", "input": "add hi.txt", "tools": [APPLY_PATCH], **fields}
+
+
+def test_a_custom_tool_is_offered_as_a_function_and_called_back_as_custom(
+    opened: tuple[Any, FakeUpstream],
+) -> None:
+    client, fake = opened
+    answer = client.post("/v1/responses", json=request())
+    assert answer.status_code == 200, answer.text
+    assert "x-gateway-tools-dropped" not in answer.headers
+    (offered,) = orjson.loads(fake.calls[-1].body)["tools"]
+    function = offered["function"]
+    assert (function["name"], function["description"]) == ("apply_patch", "Edit files.")
+    assert function["parameters"]["required"] == ["input"]
+    assert GRAMMAR in function["parameters"]["properties"]["input"]["description"]
+    body = answer.json()
+    assert violations("Response", body) == []
+    (item,) = body["output"]
+    assert (item["type"], item["name"], item["input"], item["call_id"]) == (
+        "custom_tool_call", "apply_patch", PATCH, "call_3")  # fmt: skip
+
+
+def test_a_streamed_custom_call_tells_its_input_whole(opened: tuple[Any, FakeUpstream]) -> None:
+    client, _ = opened
+    answer = client.post("/v1/responses", json=request(stream=True))
+    events = [
+        orjson.loads(line[6:]) for line in answer.text.splitlines() if line.startswith("data: ")
+    ]
+    for event in events:
+        assert violations("ResponseStreamEvent", event) == [], event["type"]
+    kinds = [e["type"] for e in events]
+    assert "response.function_call_arguments.delta" not in kinds  # JSON, not the input
+    (delta,) = [e for e in events if e["type"] == "response.custom_tool_call_input.delta"]
+    (done,) = [e for e in events if e["type"] == "response.custom_tool_call_input.done"]
+    assert delta["delta"] == done["input"] == PATCH
+    added = next(e["item"] for e in events if e["type"] == "response.output_item.added")
+    assert (added["type"], added["name"], added["input"]) == ("custom_tool_call", "apply_patch", "")
+    (item,) = events[-1]["response"]["output"]
+    assert (item["type"], item["input"]) == ("custom_tool_call", PATCH)
+
+
+def test_a_history_s_custom_calls_reach_the_engine_as_the_function_calls_they_were(
+    opened: tuple[Any, FakeUpstream],
+) -> None:
+    client, fake = opened
+    history = [
+        {"type": "message", "role": "user", "content": "add hi.txt"},
+        {"type": "custom_tool_call", "call_id": "call_3", "name": "apply_patch", "input": PATCH},
+        {"type": "custom_tool_call_output", "call_id": "call_3", "output": "Done."},
+    ]
+    answer = client.post("/v1/responses", json=request(input=history))
+    assert answer.status_code == 200, answer.text
+    messages = orjson.loads(fake.calls[-1].body)["messages"]
+    call = messages[-2]["tool_calls"][0]
+    assert call["function"] == {
+        "name": "apply_patch",
+        "arguments": orjson.dumps({"input": PATCH}).decode(),
+    }
+    assert messages[-1] == {"role": "tool", "tool_call_id": "call_3", "content": "Done."}
+
+
+def test_a_custom_tool_can_be_chosen_by_name(opened: tuple[Any, FakeUpstream]) -> None:
+    client, fake = opened
+    choice = {"type": "custom", "name": "apply_patch"}
+    assert client.post("/v1/responses", json=request(tool_choice=choice)).status_code == 200
+    sent = orjson.loads(fake.calls[-1].body)["tool_choice"]
+    assert sent == {"type": "function", "function": {"name": "apply_patch"}}
