@@ -112,8 +112,9 @@ class ToolCallChecks:
 
 
 class ToolCheck:
-    """One request's check. `demand`: the call `tool_choice` makes the answer owe
-    (`demanded_call`); None when it owes none."""
+    """One request's check. `demand`: the call the request's `tool_choice` makes the
+    answer owe (`ANY_TOOL` or a tool's name; None: none); `allowed`: the tools its calls
+    may name (None: every declared one). gateway/toolcalls/tool_choice.py reads both."""
 
     def __init__(
         self,
@@ -248,7 +249,7 @@ class ToolCheck:
             for c in (reply or {}).get("tool_calls") or []
         ]
         said = (reply or {}).get("content")
-        parts = [said[:_DETAIL_CHARS]] if isinstance(said, str) and said else []
+        parts = [said] if isinstance(said, str) and said else []
         if attempted:
             parts.append("I called: " + "; ".join(a[:_DETAIL_CHARS] for a in attempted))
         text = "\n".join(parts) or "(no answer)"
