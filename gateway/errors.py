@@ -277,15 +277,20 @@ class ContextLengthExceeded(UpstreamRejected):
         self.output_tokens = output_tokens
 
     @property
+    def output_did_not_fit(self) -> bool:
+        """The prompt fits the window; with the output it asked for, it does not."""
+        return bool(self.output_tokens) and self.input_tokens <= self.limit
+
+    @property
     def needed(self) -> int:
-        """The tokens the request needed at least: its prompt, and where the prompt fits
-        but the output it asked for does not, both."""
-        if self.output_tokens and self.input_tokens <= self.limit:
-            return self.input_tokens + self.output_tokens
+        """The tokens the request needed at least: its prompt, plus its output where that
+        is what did not fit."""
+        if self.output_did_not_fit:
+            return self.input_tokens + (self.output_tokens or 0)
         return self.input_tokens
 
     def anthropic_message(self) -> str:
-        if self.output_tokens and self.input_tokens <= self.limit:
+        if self.output_did_not_fit:
             return (
                 "input length and `max_tokens` exceed context limit: "
                 f"{self.input_tokens} + {self.output_tokens} > {self.limit}, decrease input "

@@ -176,26 +176,36 @@ def output_items(
     if content:
         items.append(message_item(response_id, str(content)))
     for i, call in enumerate(message.get("tool_calls") or ()):
-        items.append(call_item(response_id, i, call, tools))
+        function = call.get("function") or {}
+        name = str(function.get("name") or "")
+        ids = call_ids(response_id, i, call.get("id"), custom=name in tools.custom)
+        items.append(call_item(tools, name, function.get("arguments") or "", **ids))
     return items
 
 
+def call_ids(response_id: str, index: int, engine_id: Any, *, custom: bool) -> dict[str, str]:
+    """A call item's `id` and `call_id` (the engine's call id, where it gave one)."""
+    return {
+        "id": f"{'ctc' if custom else 'fc'}_{response_id[5:]}_{index}",
+        "call_id": engine_id or f"call_{response_id[5:]}_{index}",
+    }
+
+
 def call_item(
-    response_id: str, index: int, call: dict[str, Any], tools: EngineTools
+    tools: EngineTools,
+    name: str,
+    arguments: str,
+    *,
+    id: str,
+    call_id: str,
+    status: str = "completed",
 ) -> dict[str, Any]:
     """One call of the engine's as an output item: a `function_call`, or for a custom
     tool a `custom_tool_call` (which has no `status` in OpenAI's schema)."""
-    function = call.get("function") or {}
-    made = tools.call_item(str(function.get("name") or ""), function.get("arguments") or "")
-    custom = made["type"] == "custom_tool_call"
-    item = {
-        "type": made["type"],
-        "id": f"{'ctc' if custom else 'fc'}_{response_id[5:]}_{index}",
-        "call_id": call.get("id") or f"call_{response_id[5:]}_{index}",
-        **made,
-    }
-    if not custom:
-        item["status"] = "completed"
+    made = tools.call_item(name, arguments)
+    item = {"type": made["type"], "id": id, "call_id": call_id, **made}
+    if made["type"] != "custom_tool_call":
+        item["status"] = status
     return item
 
 

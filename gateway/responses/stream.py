@@ -19,8 +19,15 @@ import orjson
 from gateway.chat.conformance import NotAnAnswer, check_shape
 from gateway.chat.stream import DONE, chunks_of, first_choice
 from gateway.delivery.served import EventStream
-from gateway.responses.convert import message_item, reasoning_item, response_object, usage_of
-from gateway.responses.tools import NO_TOOLS, EngineTools, custom_input
+from gateway.responses.convert import (
+    call_ids,
+    call_item,
+    message_item,
+    reasoning_item,
+    response_object,
+    usage_of,
+)
+from gateway.responses.tools import NO_TOOLS, EngineTools
 
 
 class ResponseEvents:
@@ -202,8 +209,7 @@ class ResponseEvents:
             custom = name in self._tools.custom  # its input is told whole, at the end
             state = self._calls[index] = {
                 "type": "custom_tool_call" if custom else "function_call",
-                "id": f"{'ctc' if custom else 'fc'}_{self._id[5:]}_{index}",
-                "call_id": call.get("id") or f"call_{self._id[5:]}_{index}",
+                **call_ids(self._id, index, call.get("id"), custom=custom),
                 "name": name,
                 "arguments": "",
                 "status": "in_progress",
@@ -235,14 +241,11 @@ class ResponseEvents:
         return events
 
     def _item(self, state: dict[str, Any]) -> dict[str, Any]:
-        """A call's item as the client sees it: a namespaced function's name apart, a
-        custom tool's call with its `input` (and no `status`, as OpenAI's schema has it)."""
-        if state["type"] == "custom_tool_call":
-            keep = ("type", "id", "call_id", "name")
-            return {**{k: state[k] for k in keep}, "input": custom_input(state["arguments"])}
-        item = {k: v for k, v in state.items() if k != "output_index"}
-        item.update(self._tools.item_name(state["name"]))
-        return item
+        """A call's item as the client sees it (as a whole answer's: `call_item`)."""
+        return call_item(
+            self._tools, state["name"], state["arguments"],
+            id=state["id"], call_id=state["call_id"], status=state["status"],
+        )  # fmt: skip
 
     async def _finish(self) -> list[bytes]:
         events, reasoning = self._reasoning_done()

@@ -205,13 +205,10 @@ class TierChooser:
 
     def escalated(self, alias: str, choice: TierChoice, failed: str) -> TierChoice:
         """The same request on the tier a failed check moves it to."""
-        route = self._routes[alias]
         assert choice.escalate_to is not None
         tier = choice.escalate_to
         reason = f"cascade: {choice.tier} failed {failed}, escalated to {tier}"
-        return TierChoice(
-            route.pools[tier], tier, reason, "escalation", checks=choice.checks, text=choice.text
-        )
+        return self._moved(alias, choice, tier, reason, "escalation")
 
     def wider(
         self, alias: str, choice: TierChoice, window: int, clamps: TierClamps | None = None
@@ -224,10 +221,7 @@ class TierChooser:
             return None
         tier, tokens = found
         reason = f"window: {choice.tier} holds {window} tokens, not the prompt; {tier} {tokens}"
-        return TierChoice(
-            self._routes[alias].pools[tier], tier, reason, "escalation",
-            checks=choice.checks, text=choice.text,
-        )  # fmt: skip
+        return self._moved(alias, choice, tier, reason, "escalation")
 
     def outgrew(
         self, alias: str, route_request: RouteRequest, refusal: ContextLengthExceeded, size: int
@@ -266,10 +260,12 @@ class TierChooser:
             f"session: about {needed} tokens, past {choice.tier}'s {window} (an earlier "
             f"turn did not fit); {tier} {larger}"
         )
-        return TierChoice(
-            self._routes[alias].pools[tier], tier, reason, "session",
-            checks=choice.checks, text=choice.text,
-        )  # fmt: skip
+        return self._moved(alias, choice, tier, reason, "session")
+
+    def _moved(self, alias: str, choice: TierChoice, tier: str, reason: str, by: str) -> TierChoice:
+        """The same request (its checks, its text) on another of the alias's tiers."""
+        pool = self._routes[alias].pools[tier]
+        return TierChoice(pool, tier, reason, by, checks=choice.checks, text=choice.text)
 
     def _wider_tier(
         self, alias: str, choice: TierChoice, window: int, clamps: TierClamps | None

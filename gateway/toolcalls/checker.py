@@ -154,9 +154,13 @@ class ToolCheck:
         detail = f"`tool_choice` asked for {wanted}; the answer made {made}"
         return CallIssue(len(calls), demand or "*", "no_tool_call", detail)
 
-    def judge(self, calls: list[dict[str, Any]], *, count: bool = True) -> Judgement:
+    def judge(
+        self, calls: list[dict[str, Any]], *, count: bool = True, whole: bool = True
+    ) -> Judgement:
         """The calls judged; their problems and repairs counted unless `count` is False
-        (then `note` counts them once the judgement is final)."""
+        (then `note` counts them once the judgement is final). `whole`: these are all the
+        answer's calls, so the call `tool_choice` owes is looked for among them (False for
+        one call of a stream, whose owed call is looked for at its end)."""
         spec = self._checks.spec
         review = self.contract.review(calls, lambda tool: "repair" in spec.steps(self.model, tool))
         issues = list(review.issues)
@@ -174,7 +178,7 @@ class ToolCheck:
                 held.append(str(name))
         if self.allowed is not None:
             issues += self._not_allowed(review.calls)
-        if (missing := self.missing(review.calls)) is not None:
+        if whole and (missing := self.missing(review.calls)) is not None:
             issues.append(missing)
         judgement = Judgement(review, tuple(issues), tuple(dict.fromkeys(held)))
         if count:

@@ -79,7 +79,8 @@ class ToolCallHold:
                     choice["delta"] = {k: v for k, v in delta.items() if k != "tool_calls"}
                 if choice.get("finish_reason") is not None:
                     out += self._release(None)
-                    if not self._settling and (issue := self._check.missing(self._made)):
+                    owed = not (self._settling or self._refused)  # else settled already
+                    if owed and (issue := self._check.missing(self._made)):
                         out += self._invalid(Judgement(Review([]), (issue,)))
                     out += await self._settle()
                     if self._refused and not self._sent:
@@ -106,7 +107,7 @@ class ToolCallHold:
             self._made.append(call)
             if self._settling:
                 continue  # judged with the whole reply when the answer ends
-            judgement = self._check.judge([call], count=False)
+            judgement = self._check.judge([call], count=False, whole=False)
             if judgement.valid:
                 self._check.note(judgement)
                 self._check.count("repaired" if judgement.review.repairs else "valid")
