@@ -23,6 +23,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from gateway.chat.custom_tools import custom_call_events, to_custom_calls, to_functions
 from gateway.chat.inbound import json_object
 from gateway.chat.legacy_functions import (
     function_call_events,
@@ -131,7 +132,10 @@ async def _call(
     parsed = json_object(body)
     translated = to_tools(parsed)
     if translated is None:
-        return await pipeline.handle(endpoint, body, context, parsed=parsed)
+        custom = to_functions(parsed)
+        if custom is None:
+            return await pipeline.handle(endpoint, body, context, parsed=parsed)
+        return await _custom_tools(pipeline, custom, context)
     return await _legacy_functions(pipeline, translated, context)
 
 
@@ -147,6 +151,19 @@ async def _legacy_functions(
     if served.stream is not None:
         return replace(served, stream=ConvertedEvents(function_call_events, served.stream))
     completion = to_function_call(served.completion())
+    return Served(served.headers, orjson.dumps(completion), parsed=completion)
+
+
+async def _custom_tools(
+    pipeline: Pipeline, translated: tuple[dict[str, Any], frozenset[str]], context: RequestContext
+) -> Served:
+    """A chat request that declares `custom` tools: sent with them as functions, its calls
+    of them answered as custom calls (gateway/chat/custom_tools.py)."""
+    body, names = translated
+    served = await pipeline.handle(Endpoint.chat, body, context)
+    if served.stream is not None:
+        return replace(served, stream=ConvertedEvents(custom_call_events(names), served.stream))
+    completion = to_custom_calls(served.completion(), names)
     return Served(served.headers, orjson.dumps(completion), parsed=completion)
 
 

@@ -307,6 +307,14 @@ def _check_tool_calls(calls: Any, param: str) -> None:
         if not isinstance(call, dict) or not isinstance(call.get("function", {}), dict):
             where = f"{param}[{j}]" if not isinstance(call, dict) else f"{param}[{j}].function"
             raise InvalidRequest(f"`{where}` must be an object.", param=where, code="invalid_type")
+        if call.get("type") == "custom":  # left as it came: no custom tool is declared
+            raise InvalidRequest(
+                f"`{param}[{j}]` calls a custom tool, and the request's `tools` declare none: "
+                "declare the custom tools a conversation has called (the engine is offered "
+                "them as functions, and the history's calls with them).",
+                param=f"{param}[{j}]",
+                code="invalid_value",
+            )
 
 
 def _check_tools(body: dict[str, Any], limit: int) -> None:
@@ -318,7 +326,7 @@ def _check_tools(body: dict[str, Any], limit: int) -> None:
     check_array_length(tools, limit, "tools")
     for i, tool in enumerate(tools):
         function = tool.get("function") if isinstance(tool, dict) else None
-        if not isinstance(function, dict):
+        if not isinstance(function, dict):  # custom tools are functions by now
             raise InvalidRequest(
                 f"Missing required parameter: 'tools[{i}].function'.",
                 param=f"tools[{i}].function",

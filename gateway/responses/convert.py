@@ -13,9 +13,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from gateway.chat.custom_tools import custom_arguments
 from gateway.chat.messages import Message
 from gateway.errors import InvalidRequest
-from gateway.responses.tools import NO_TOOLS, EngineTools, custom_arguments, engine_name
+from gateway.responses.tools import NO_TOOLS, EngineTools, engine_name
 
 _ROLES = {"user", "assistant", "system", "developer"}
 

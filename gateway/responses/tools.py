@@ -7,10 +7,10 @@
   `name` apart, as OpenAI answers (a history's calls carrying `namespace` are joined the
   same way, so every turn's prompt says the same bytes).
 - `custom` tools (OpenAI's free-form tools, whose input is text, optionally under a Lark or
-  regex grammar) become functions of one string argument, `input` (the grammar, if
-  any, in its description: the engine cannot enforce a client's Lark grammar), and a call
-  comes back as a `custom_tool_call` item with that `input`; a history's custom calls and
-  outputs go to the engine the same way.
+  regex grammar) become functions of one string argument, `input`, as in Chat Completions
+  (gateway/chat/custom_tools.py: a regex grammar is that string's pattern, a Lark one is
+  described), and a call comes back as a `custom_tool_call` item with that `input`; a
+  history's custom calls and outputs go to the engine the same way.
 - Tools the engine cannot run (hosted: `web_search`, `file_search`, `code_interpreter`,
   `image_generation`, `computer_use_preview`, `mcp`, ...; and built-ins whose calls are
   not function calls: `local_shell`, ...) are left out of what the engine sees, and named in
@@ -23,14 +23,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-
+from gateway.chat.custom_tools import custom_function, custom_input
 from gateway.errors import InvalidRequest
 
 _JOIN = "__"  # `<namespace>__<name>`: characters every tool parser and template accepts
 _FUNCTION_KEYS = ("name", "description", "parameters", "strict")
-CUSTOM_INPUT = "input"  # the one argument a custom tool's function takes
-_GRAMMAR_CHARS = 8_000  # of a custom tool's grammar, put in its argument's description
 
 
 @dataclass(frozen=True)
@@ -68,23 +65,6 @@ def engine_name(namespace: Any, name: Any) -> Any:
     if isinstance(namespace, str) and namespace and isinstance(name, str):
         return f"{namespace}{_JOIN}{name}"
     return name
-
-
-def custom_input(arguments: str) -> str:
-    """A custom tool's input from the function call the engine made: its `input`, or the
-    arguments as they are when they are not that object (the tool-call check has then
-    judged them already)."""
-    try:
-        parsed = orjson.loads(arguments)
-    except orjson.JSONDecodeError:
-        return arguments
-    value = parsed.get(CUSTOM_INPUT) if isinstance(parsed, dict) else None
-    return value if isinstance(value, str) else arguments
-
-
-def custom_arguments(text: Any) -> str:
-    """A history's custom call as the engine's function call made it."""
-    return orjson.dumps({CUSTOM_INPUT: text if isinstance(text, str) else ""}).decode()
 
 
 def engine_tools(tools: Any, *, refuse_hosted: bool = False) -> EngineTools:
@@ -143,27 +123,16 @@ def _function(tool: dict[str, Any], param: str) -> dict[str, Any]:
 
 
 def _custom(tool: dict[str, Any], param: str) -> dict[str, Any]:
-    """A custom tool as a function of one string, its grammar (if any) described."""
+    """A custom tool as a function of one string (gateway/chat/custom_tools.py)."""
     name = tool.get("name")
     if not isinstance(name, str) or not name:
         raise InvalidRequest("A custom tool needs a `name`.", param=f"{param}.name")
-    described = "The tool's whole input, as free text."
     form = tool.get("format")
     if isinstance(form, dict) and form.get("type") == "grammar":
-        definition = form.get("definition")
-        if isinstance(definition, str) and definition:
-            syntax = form.get("syntax") if isinstance(form.get("syntax"), str) else ""
-            described += f" It must follow this {syntax} grammar:\n{definition[:_GRAMMAR_CHARS]}"
-    parameters = {
-        "type": "object",
-        "properties": {CUSTOM_INPUT: {"type": "string", "description": described}},
-        "required": [CUSTOM_INPUT],
-        "additionalProperties": False,
-    }
-    function: dict[str, Any] = {"name": name, "parameters": parameters}
-    if isinstance(tool.get("description"), str):
-        function["description"] = tool["description"]
-    return {"type": "function", "function": function}
+        return custom_function(
+            name, tool.get("description"), form.get("syntax"), form.get("definition")
+        )
+    return custom_function(name, tool.get("description"))
 
 
 def _label(tool: Any) -> str:

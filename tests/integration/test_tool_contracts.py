@@ -255,3 +255,66 @@ def test_allowed_tools_narrow_the_calls_and_keep_the_prompt_cached(
         )  # fmt: skip
     assert raised.value.status_code == 502
     assert "`get_reservation_details` is not allowed" in raised.value.response.text
+
+
+SHELL: Any = {"type": "custom", "custom": {"name": "shell", "description": "Runs a command.",
+              "format": {"type": "grammar", "grammar": {"syntax": "regex",
+                                                        "definition": "(ls|pwd)( -l)?"}}}}  # fmt: skip
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_custom_tools_are_called_as_custom_and_held_to_their_grammar(
+    client: openai.OpenAI, stream: bool
+) -> None:
+    """OpenAI's custom tools on Chat Completions, which vLLM 0.32 does not take: offered as
+    a function of one string, the engine's parser makes a real call of it, and the agent
+    gets a custom call; an input outside the tool's regex grammar is refused, never sent."""
+    made: list[Any] = []
+    for command in ("ls -l", "rm -rf /"):
+        try:
+            made.append(custom_calls(client, command, stream))
+        except openai.APIError as refusal:
+            made.append(refusal)
+    assert made[0] == [{"type": "custom", "custom": {"name": "shell", "input": "ls -l"}}]
+    refused = made[1]
+    assert isinstance(refused, openai.APIError), refused
+    assert "does not match" in str(refused)
+
+
+def custom_calls(client: openai.OpenAI, command: str, stream: bool) -> list[dict[str, Any]]:
+    """The calls the agent got, each without its id (a stream's as its deltas came)."""
+    answer = client.chat.completions.create(
+        model="tiny", messages=ASK, tools=[SHELL], max_tokens=80, temperature=0, stream=stream,
+        extra_body=forced("shell", json.dumps({"input": command})),
+    )  # fmt: skip
+    if not stream:
+        calls = answer.choices[0].message.tool_calls or ()  # type: ignore[union-attr]
+        return [c.model_dump(exclude={"id"}) for c in calls]
+    return [
+        piece.model_dump(exclude={"id", "index"}, exclude_none=True)
+        for chunk in answer
+        for choice in chunk.choices  # type: ignore[union-attr]
+        for piece in choice.delta.tool_calls or ()
+    ]
+
+
+def test_a_custom_call_in_the_history_keeps_the_prompt_cached(client: openai.OpenAI) -> None:
+    """The next turn sends the custom call back: the engine is given the function call it
+    made, the same bytes each time, so a repeated turn is a prefix-cache hit."""
+    history: list[Any] = [
+        {"role": "user", "content": f"List the files in {uuid.uuid4().hex[:8]}."},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "custom", "custom": {"name": "shell", "input": "ls -l"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "a.txt b.txt"},
+    ]  # fmt: skip
+    usages = []
+    for _ in range(2):
+        answer = client.chat.completions.create(
+            model="tiny", messages=history, tools=[SHELL], max_tokens=4, tool_choice="none"
+        )
+        usages.append(answer.usage)
+    first, second = usages
+    assert first is not None and second is not None
+    assert first.prompt_tokens == second.prompt_tokens
+    cached = second.prompt_tokens_details.cached_tokens if second.prompt_tokens_details else 0
+    assert cached and cached >= second.prompt_tokens - 32  # all but the last partial block
