@@ -11,38 +11,86 @@ references are refused with a 400 naming the field.
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 from typing import Any
 
 from gateway.chat.custom_tools import custom_arguments
 from gateway.chat.messages import Message
 from gateway.errors import InvalidRequest
 from gateway.responses.tools import NO_TOOLS, EngineTools, engine_name
+from gateway.untrusted.media_urls import check_media_url
 
 _ROLES = {"user", "assistant", "system", "developer"}
 
 
 def _text_of(content: Any, param: str) -> str:
+    """A tool output's text (its parts must all be text)."""
+    made = _content(content, param, ())
+    if isinstance(made, str):
+        return made
+    raise InvalidRequest(
+        "A tool output's parts must be text here.", param=param, code="unsupported_content"
+    )
+
+
+_TEXT_PARTS = ("input_text", "output_text", "text")
+_DETAILS = ("low", "high", "auto")
+
+
+def _content(content: Any, param: str, media_hosts: Collection[str]) -> str | list[dict[str, Any]]:
+    """A message's content as chat content: its text, joined (so a text-only history has
+    the same bytes whatever parts it came in), or, with images, chat parts in order. An
+    assistant's `refusal` part is what it said. An image is passed by its `image_url` (a
+    `data:` URL, or one on a host the policy allows: the engine would fetch it); a
+    `file_id` names a file this gateway does not keep."""
     if isinstance(content, str):
         return content
-    if isinstance(content, list):
-        texts = []
-        for part in content:
-            kind = part.get("type") if isinstance(part, dict) else None
-            if kind in ("input_text", "output_text", "text"):
-                texts.append(str(part.get("text", "")))
-            else:
-                raise InvalidRequest(
-                    f"Content parts of type `{kind}` are not supported here; send text.",
-                    param=param,
-                    code="unsupported_content",
-                )
-        return "".join(texts)
-    raise InvalidRequest("Message content must be a string or a list of parts.", param=param)
+    if not isinstance(content, list):
+        raise InvalidRequest("Message content must be a string or a list of parts.", param=param)
+    parts = [_part(p, f"{param}.content[{j}]", media_hosts) for j, p in enumerate(content)]
+    if any(p["type"] == "image_url" for p in parts):
+        return parts
+    return "".join(p["text"] for p in parts)
 
 
-def input_messages(items: Any, compacted: dict[int, list[Message]] | None = None) -> list[Message]:
+def _part(part: Any, param: str, media_hosts: Collection[str]) -> dict[str, Any]:
+    kind = part.get("type") if isinstance(part, dict) else None
+    if kind in _TEXT_PARTS or kind == "refusal":
+        assert isinstance(part, dict)
+        return {
+            "type": "text",
+            "text": str(part.get("refusal" if kind == "refusal" else "text", "")),
+        }
+    if kind != "input_image":
+        raise InvalidRequest(
+            f"Content parts of type `{kind}` are not supported here; send text or images.",
+            param=param,
+            code="unsupported_content",
+        )
+    assert isinstance(part, dict)
+    url = part.get("image_url")
+    if not isinstance(url, str) or not url:
+        raise InvalidRequest(
+            "An `input_image` needs its `image_url` (a data: URL): this gateway keeps no "
+            "files, so a `file_id` names nothing here.",
+            param=param,
+            code="unsupported_content",
+        )
+    check_media_url(url, media_hosts, f"{param}.image_url")
+    image = {"url": url}
+    if part.get("detail") in _DETAILS:
+        image["detail"] = part["detail"]
+    return {"type": "image_url", "image_url": image}
+
+
+def input_messages(
+    items: Any,
+    compacted: dict[int, list[Message]] | None = None,
+    media_hosts: Collection[str] = (),
+) -> list[Message]:
     """`compacted`: the messages each `compaction` item stands for, by its index
-    (gateway/responses/compaction.py)."""
+    (gateway/responses/compaction.py); `media_hosts`: the hosts an image may be named by
+    (`limits.media_url_hosts`; none: images come inline)."""
     if isinstance(items, str):
         return [{"role": "user", "content": items}]
     if not isinstance(items, list):
@@ -58,7 +106,8 @@ def input_messages(items: Any, compacted: dict[int, list[Message]] | None = None
             if not isinstance(role, str) or role not in _ROLES:  # a list is unhashable
                 raise InvalidRequest(f"Unknown role `{role}`.", param=f"{param}.role")
             role = "system" if role == "developer" else role  # templates know `system`
-            messages.append({"role": role, "content": _text_of(item.get("content"), param)})
+            content = _content(item.get("content"), param, media_hosts)
+            messages.append({"role": role, "content": content})
         elif kind in ("function_call", "custom_tool_call"):
             if kind == "function_call":
                 name = engine_name(item.get("namespace"), item.get("name"))
@@ -124,6 +173,13 @@ def chat_body(
     request: dict[str, Any], messages: list[Message], stream: bool, tools: EngineTools = NO_TOOLS
 ) -> dict[str, Any]:
     body: dict[str, Any] = {"model": request["model"], "messages": messages}
+    if not tools.tools and request.get("tool_choice") not in (None, "auto", "none"):
+        raise InvalidRequest(  # as vLLM answers a chat request; dropping it would lose the ask
+            "`tool_choice` asks for a tool call, and the request declares no tool the engine "
+            "can call" + (f" ({', '.join(tools.dropped)} left out)." if tools.dropped else "."),
+            param="tool_choice",
+            code="invalid_value",
+        )
     if tools.tools:
         body["tools"] = tools.tools
         if request.get("tool_choice") is not None:
@@ -276,6 +332,7 @@ def response_object(
         "top_p": request.get("top_p", 1.0),
         "truncation": "disabled",
         "metadata": request.get("metadata") or {},
+        "background": False,  # a `background` request is answered in the foreground
     }
     # Optional fields the spec types without null: present only with a value.
     if usage is not None:

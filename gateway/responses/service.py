@@ -227,7 +227,7 @@ class ResponsesService:
         )
         items = request.get("input") or []
         compacted = await self._compactions.hydrate(items, tenant) if self._compactions else {}
-        messages += past + input_messages(items, compacted)
+        messages += past + input_messages(items, compacted, limits.media_url_hosts)
         tools = engine_tools(request.get("tools"), refuse_hosted=limits.hosted_tools == "refuse")
         return session, messages, tools
 
@@ -300,6 +300,13 @@ def _parse(raw: bytes, limits: LimitsSpec, *, require_input: bool = True) -> dic
             "Conversation objects are not kept by this gateway: continue with "
             "`previous_response_id`, or send the whole input.",
             param="conversation",
+            code="unsupported_parameter",
+        )
+    if request.get("prompt") is not None:  # silently dropped, its instructions would be lost
+        raise InvalidRequest(
+            "Prompt templates are kept by OpenAI, not by this gateway: send the prompt's "
+            "text as `instructions`.",
+            param="prompt",
             code="unsupported_parameter",
         )
     text = request.get("text")

@@ -54,19 +54,24 @@ def check_media_urls(messages: list[Any], allowed_hosts: Collection[str]) -> Non
                     continue
                 value = part[key]
                 url = value.get("url") if isinstance(value, dict) else value
-                if isinstance(url, str) and not _inline_or_allowed(url, allowed_hosts):
+                if isinstance(url, str):
                     where = f"messages[{i}].content[{j}].{key}"
-                    raise InvalidRequest(
-                        "Media is not fetched from URLs: send it inline as a base64 "
-                        "`data:` URL"
-                        + (
-                            f" (URLs are taken only from {', '.join(sorted(allowed_hosts))})."
-                            if allowed_hosts
-                            else "."
-                        ),
-                        param=f"{where}.url" if isinstance(value, dict) else where,
-                        code="unsupported_media_url",
-                    )
+                    where = f"{where}.url" if isinstance(value, dict) else where
+                    check_media_url(url, allowed_hosts, where)
+
+
+def check_media_url(url: str, allowed_hosts: Collection[str], param: str) -> None:
+    """400 `unsupported_media_url`, naming `param`, unless the engine would take `url`
+    without fetching it, or from a host the policy allows."""
+    if _inline_or_allowed(url, allowed_hosts):
+        return
+    allowed = f" (URLs are taken only from {', '.join(sorted(allowed_hosts))})."
+    raise InvalidRequest(
+        "Media is not fetched from URLs: send it inline as a base64 `data:` URL"
+        + (allowed if allowed_hosts else "."),
+        param=param,
+        code="unsupported_media_url",
+    )
 
 
 def _inline_or_allowed(url: str, allowed_hosts: Collection[str]) -> bool:

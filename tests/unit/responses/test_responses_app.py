@@ -178,6 +178,18 @@ def test_a_streamed_response_tells_the_events_in_order(
         ({"model": "tiny", "input": [{"type": "item_reference", "id": "x"}]}, 400,
          "input[0].type"),
         ({"model": "tiny", "input": "x", "conversation": "conv_1"}, 400, "conversation"),
+        ({"model": "tiny", "input": "x", "prompt": {"id": "pmpt_1"}}, 400, "prompt"),
+        ({"model": "tiny", "input": "x", "tool_choice": "required"}, 400, "tool_choice"),
+        ({"model": "tiny", "input": "x", "tool_choice": "required",
+          "tools": [{"type": "web_search"}]}, 400, "tool_choice"),
+        ({"model": "tiny", "input": [{"role": "user", "content": [
+            {"type": "input_image", "file_id": "file-1"}]}]}, 400, "input[0].content[0]"),
+        ({"model": "tiny", "input": [{"role": "user", "content": [
+            {"type": "input_text", "text": "x"}, {"type": "input_file", "file_id": "f"}]}]},
+         400, "input[0].content[1]"),
+        ({"model": "tiny", "input": [{"role": "user", "content": [{"type": "input_image",
+            "image_url": "http://169.254.169.254/latest/meta-data"}]}]}, 400,
+         "input[0].content[0].image_url"),
     ],
 )  # fmt: skip
 def test_bad_requests_get_clear_errors(
@@ -188,6 +200,36 @@ def test_bad_requests_get_clear_errors(
     assert response.status_code == status
     assert response.json()["error"]["param"] == param
     assert fake.calls == []
+
+
+def test_images_and_refusals_in_the_input_reach_the_engine_as_chat_content(
+    app: tuple[TestClient, FakeUpstream],
+) -> None:
+    """An image comes inline (a data: URL) and goes to the engine as a chat `image_url`
+    part; an assistant's refusal, replayed from an earlier output, is what it said; a
+    text-only message keeps its joined text (the same bytes whatever parts it came in)."""
+    client, fake = app
+    image = "data:image/png;base64,iVBORw0KGgo="
+    items = [
+        {"role": "user", "content": [{"type": "input_text", "text": "What is "},
+                                     {"type": "input_text", "text": "this?"}]},
+        {"type": "message", "role": "assistant", "content": [
+            {"type": "refusal", "refusal": "I cannot say."}]},
+        {"role": "user", "content": [
+            {"type": "input_text", "text": "Look again:"},
+            {"type": "input_image", "image_url": image, "detail": "low"}]},
+    ]  # fmt: skip
+    answer = sdk(client).responses.create(model="tiny", input=items)  # type: ignore[arg-type]
+    assert answer.status == "completed"
+    assert answer.background is False
+    assert violations("Response", answer.model_dump(exclude_unset=True)) == []
+    assert sent(fake) == [
+        {"role": "user", "content": "What is this?"},
+        {"role": "assistant", "content": "I cannot say."},
+        {"role": "user", "content": [
+            {"type": "text", "text": "Look again:"},
+            {"type": "image_url", "image_url": {"url": image, "detail": "low"}}]},
+    ]  # fmt: skip
 
 
 async def test_a_stream_cut_by_max_output_tokens_ends_incomplete() -> None:
