@@ -281,6 +281,15 @@ def _not_found(response_id: str, param: str) -> NotFound:
     )
 
 
+# Fields naming what OpenAI keeps and this gateway does not, and what to send instead.
+_NOT_KEPT = {
+    "conversation": "Conversation objects are not kept by this gateway: continue with "
+    "`previous_response_id`, or send the whole input.",
+    "prompt": "Prompt templates are kept by OpenAI, not by this gateway: send the prompt's "
+    "text as `instructions`.",
+}
+
+
 def _parse(raw: bytes, limits: LimitsSpec, *, require_input: bool = True) -> dict[str, Any]:
     """The client's own request, held to the policy's limits under the Responses API's
     names (the chat request it becomes also carries the session's history, which the
@@ -295,20 +304,9 @@ def _parse(raw: bytes, limits: LimitsSpec, *, require_input: bool = True) -> dic
             )
     if not isinstance(request["model"], str):
         raise InvalidRequest("`model` must be a string.", param="model")
-    if request.get("conversation") is not None:  # silently dropped, its history would be lost
-        raise InvalidRequest(
-            "Conversation objects are not kept by this gateway: continue with "
-            "`previous_response_id`, or send the whole input.",
-            param="conversation",
-            code="unsupported_parameter",
-        )
-    if request.get("prompt") is not None:  # silently dropped, its instructions would be lost
-        raise InvalidRequest(
-            "Prompt templates are kept by OpenAI, not by this gateway: send the prompt's "
-            "text as `instructions`.",
-            param="prompt",
-            code="unsupported_parameter",
-        )
+    for name, instead in _NOT_KEPT.items():  # silently dropped, what they hold would be lost
+        if request.get(name) is not None:
+            raise InvalidRequest(instead, param=name, code="unsupported_parameter")
     text = request.get("text")
     if text is not None and not (isinstance(text, dict) and _object_or_none(text.get("format"))):
         raise InvalidRequest(
