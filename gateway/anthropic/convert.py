@@ -12,10 +12,12 @@ after the calls they answer); base64 images image parts. Client tools become fun
 tools, `tool_choice` is rewritten, `stop_sequences` become `stop`, an `output_config`
 JSON schema the `response_format`. Tools Anthropic runs or
 defines (`web_search_*`, `bash_*`, `text_editor_*`, ...) are left out of what the engine sees
-(the caller is told which, in a header). Thinking blocks in the history are not replayed to
-the engine (as OpenAI's reasoning items are not); `thinking` is accepted, and the engine's
-own reasoning, where it has a reasoning parser, is returned in thinking blocks; nothing is
-invented where it has none.
+(the caller is told which, in a header), and so are their calls and results in a history
+from Anthropic's API (`server_tool_use`, `web_search_tool_result`, ...). Text documents
+and search results are text, their title first; a PDF or URL document is refused. Thinking
+blocks in the history are not replayed to the engine (as OpenAI's reasoning items are
+not); `thinking` is accepted, and the engine's own reasoning, where it has a reasoning
+parser, is returned in thinking blocks; nothing is invented where it has none.
 
 The answer's way back: gateway/anthropic/answer.py.
 """
@@ -40,6 +42,9 @@ _SAMPLING = ("temperature", "top_p", "top_k")
 _SESSION_IN_USER_ID = re.compile(r"_session_([0-9A-Za-z-]{8,64})$")
 _SESSION_ID = re.compile(r"[0-9A-Za-z-]{8,64}")
 _MAX_USER_ID = 1000  # longer is no id a client sends: not parsed
+# Blocks of tools Anthropic runs (server tools, MCP connectors) in an assistant's history:
+# left out, as the engine ran none of them (their results end in `_tool_result`).
+_SERVER_BLOCKS = frozenset({"server_tool_use", "mcp_tool_use", "container_upload"})
 
 
 @dataclass(frozen=True)
@@ -250,6 +255,8 @@ def _assistant(blocks: list[Any], param: str) -> Message:
             })  # fmt: skip
         elif kind in ("thinking", "redacted_thinking"):
             continue  # the engine's own reasoning is not replayed to it
+        elif kind in _SERVER_BLOCKS or (isinstance(kind, str) and kind.endswith("_tool_result")):
+            continue  # a tool Anthropic ran, in a history from its API: the engine ran none
         else:
             raise InvalidRequest(
                 f"Assistant blocks of type `{kind}` are not supported by this gateway.",
@@ -275,16 +282,51 @@ def _user(blocks: list[Any], param: str) -> list[Message]:
             parts.append(_image(block.get("source"), f"{where}.source"))
         elif kind == "tool_result":
             results += _tool_result(block, where)
+        elif kind == "document":
+            parts.append({"type": "text", "text": _document(block, where)})
+        elif kind == "search_result":
+            parts.append({"type": "text", "text": _search_result(block, where)})
         else:
             raise InvalidRequest(
                 f"User blocks of type `{kind}` are not supported by this gateway.",
                 param=f"{where}.type",
             )
+    if not parts and not results:  # Anthropic refuses it too; the engine would get nothing
+        raise InvalidRequest("Text content blocks must be non-empty.", param=param)
     if not parts:
         return results
     if len(parts) == 1 and parts[0]["type"] == "text":  # as vLLM's own conversion
         return [*results, {"role": "user", "content": parts[0]["text"]}]
     return [*results, {"role": "user", "content": parts}]
+
+
+def _document(block: dict[str, Any], param: str) -> str:
+    """A document as the text the engine reads: its title and context, then its text
+    (a plain-text source, or a content source's text blocks). A PDF, a URL or a file id
+    is refused: vLLM reads no PDF, and the gateway fetches nothing a request names."""
+    source = block.get("source")
+    kind = source.get("type") if isinstance(source, dict) else None
+    if kind == "text":
+        assert isinstance(source, dict)
+        body = _string(source.get("data"), f"{param}.source.data")
+    elif kind == "content":
+        assert isinstance(source, dict)
+        body = "\n".join(_texts(source.get("content"), f"{param}.source.content", "document"))
+    else:
+        raise InvalidRequest(
+            f"Documents with a `{kind}` source are not supported by this gateway: send the "
+            "document's text (a `text` or `content` source).",
+            param=f"{param}.source",
+        )
+    head = [block[k] for k in ("title", "context") if isinstance(block.get(k), str) and block[k]]
+    return "\n\n".join([*head, body])
+
+
+def _search_result(block: dict[str, Any], param: str) -> str:
+    """A search result as the text the engine reads: its title and source, then its text."""
+    texts = _texts(block.get("content"), f"{param}.content", "search result")
+    head = [block[k] for k in ("title", "source") if isinstance(block.get(k), str) and block[k]]
+    return "\n\n".join(["\n".join(head), *texts] if head else texts)
 
 
 def _tool_result(block: dict[str, Any], param: str) -> list[Message]:

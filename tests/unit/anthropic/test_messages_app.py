@@ -208,6 +208,44 @@ def test_the_history_s_tool_blocks_become_chat_tool_calls_and_results(
     ]  # fmt: skip
 
 
+def test_documents_search_results_and_anthropic_s_own_tool_blocks_in_a_history(
+    app: tuple[TestClient, FakeUpstream],
+) -> None:
+    """Text documents and search results (RAG clients send them) reach the engine as text,
+    title first; the calls and results of a tool Anthropic ran (a history from its API,
+    with web search) are left out, as the engine ran none; the assistant's text stays."""
+    client, fake = app
+    messages: Any = [
+        {"role": "user", "content": [
+            {"type": "document", "title": "Sky report", "context": "From 2026.",
+             "source": {"type": "text", "media_type": "text/plain", "data": "The sky is green."}},
+            {"type": "search_result", "source": "https://example.com/sky", "title": "Sky",
+             "content": [{"type": "text", "text": "Green, mostly."}]},
+            {"type": "text", "text": "What colour is the sky?"}]},
+        {"role": "assistant", "content": [
+            {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search",
+             "input": {"query": "sky colour"}},
+            {"type": "web_search_tool_result", "tool_use_id": "srvtoolu_1", "content": []},
+            {"type": "text", "text": "Green."}]},
+        {"role": "user", "content": [
+            {"type": "document", "source": {"type": "content", "content": [
+                {"type": "text", "text": "Part one."}, {"type": "text", "text": "Part two."}]}},
+            {"type": "text", "text": "And this?"}]},
+    ]  # fmt: skip
+    answer = sdk(client).messages.create(model="tiny", max_tokens=8, messages=messages)
+    assert answer.content[0].type == "text"
+    assert sent(fake)["messages"] == [
+        {"role": "user", "content": [
+            {"type": "text", "text": "Sky report\n\nFrom 2026.\n\nThe sky is green."},
+            {"type": "text", "text": "Sky\nhttps://example.com/sky\n\nGreen, mostly."},
+            {"type": "text", "text": "What colour is the sky?"}]},
+        {"role": "assistant", "content": "Green."},
+        {"role": "user", "content": [
+            {"type": "text", "text": "Part one.\nPart two."},
+            {"type": "text", "text": "And this?"}]},
+    ]  # fmt: skip
+
+
 def events_of(response: Any) -> list[tuple[str, dict[str, Any]]]:
     """The stream's events as (name, data), each validated as the SDK's own event type."""
     events = []
@@ -364,6 +402,35 @@ def test_claude_code_s_session_keeps_its_conversation_together(
                         ],
                     }
                 ],
+            },
+            400,
+            "invalid_request_error",
+            anthropic.BadRequestError,
+        ),
+        *(
+            (
+                {
+                    "model": "tiny",
+                    "max_tokens": 8,
+                    "messages": [
+                        {"role": "user", "content": [{"type": "document", "source": source}]}
+                    ],
+                },
+                400,
+                "invalid_request_error",
+                anthropic.BadRequestError,
+            )
+            for source in (
+                {"type": "url", "url": "http://169.254.169.254/"},
+                {"type": "base64", "media_type": "application/pdf", "data": "JVBERi0="},
+                {"type": "file", "file_id": "file_1"},
+            )
+        ),
+        (
+            {
+                "model": "tiny",
+                "max_tokens": 8,
+                "messages": [{"role": "user", "content": [{"type": "text", "text": ""}]}],
             },
             400,
             "invalid_request_error",
