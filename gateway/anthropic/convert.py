@@ -399,10 +399,31 @@ def _chat_tools(tools: Any, refuse_hosted: bool) -> tuple[list[dict[str, Any]], 
                 "`input_schema` must be an object.", param=f"tools.{i}.input_schema"
             )
         function: dict[str, Any] = {"name": name, "parameters": schema}
-        if tool.get("description") is not None:
-            function["description"] = _string(tool["description"], f"tools.{i}.description")
+        description = tool.get("description")
+        if description is not None:
+            description = _string(description, f"tools.{i}.description")
+        examples = _input_examples(tool.get("input_examples"), f"tools.{i}.input_examples")
+        if examples:
+            description = f"{description}\n\n{examples}" if description else examples
+        if description is not None:
+            function["description"] = description
+        if tool.get("strict") is True:  # the engine constrains the call to the schema
+            function["strict"] = True
         out.append({"type": "function", "function": function})
     return out, tuple(dropped)
+
+
+def _input_examples(examples: Any, param: str) -> str | None:
+    """A tool's `input_examples` as its description's last lines: the only place a chat
+    template shows them to the model (Anthropic's API puts them in its prompt too)."""
+    if examples is None:
+        return None
+    if not isinstance(examples, list) or not all(isinstance(e, dict) for e in examples):
+        raise InvalidRequest("`input_examples` must be a list of objects.", param=param)
+    if not examples:
+        return None
+    lines = (orjson.dumps(e, option=orjson.OPT_SORT_KEYS).decode() for e in examples)
+    return "Examples of input:\n" + "\n".join(lines)
 
 
 def _chat_tool_choice(choice: Any) -> dict[str, Any]:

@@ -334,6 +334,27 @@ def test_tools_the_engine_cannot_run_are_left_out_and_named(
     assert [t["function"]["name"] for t in sent(fake)["tools"]] == ["get_weather"]
 
 
+def test_a_strict_tool_is_sent_strict_and_its_input_examples_described(
+    app: tuple[TestClient, FakeUpstream],
+) -> None:
+    """`strict` asks the engine to hold the call to the schema; `input_examples` reach the
+    model in the only place a chat template shows a tool's words, its description."""
+    client, fake = app
+    tool: Any = {**WEATHER, "strict": True, "defer_loading": True,
+                 "input_examples": [{"city": "Oslo"}, {"city": "Lima"}]}  # fmt: skip
+    sdk(client).messages.create(model="tiny", max_tokens=8, messages=ASK, tools=[tool])
+    (function,) = [t["function"] for t in sent(fake)["tools"]]
+    assert function["strict"] is True
+    assert function["description"] == (
+        'The weather in a city.\n\nExamples of input:\n{"city":"Oslo"}\n{"city":"Lima"}'
+    )
+    bad = {**WEATHER, "input_examples": "Oslo"}
+    answer = client.post("/v1/messages", json={"model": "tiny", "max_tokens": 8,
+                                               "messages": ASK, "tools": [bad]})  # fmt: skip
+    assert answer.status_code == 400
+    assert "input_examples" in answer.json()["error"]["message"]
+
+
 def test_claude_code_s_session_keeps_its_conversation_together(
     redis_url: str, gateways: OpenGateways
 ) -> None:
