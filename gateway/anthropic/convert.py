@@ -255,7 +255,7 @@ def _assistant(blocks: list[Any], param: str) -> Message:
             })  # fmt: skip
         elif kind in ("thinking", "redacted_thinking"):
             continue  # the engine's own reasoning is not replayed to it
-        elif kind in _SERVER_BLOCKS or (isinstance(kind, str) and kind.endswith("_tool_result")):
+        elif isinstance(kind, str) and (kind in _SERVER_BLOCKS or kind.endswith("_tool_result")):
             continue  # a tool Anthropic ran, in a history from its API: the engine ran none
         else:
             raise InvalidRequest(

@@ -209,12 +209,15 @@ def to_custom_calls(completion: dict[str, Any], names: frozenset[str]) -> dict[s
 
 def _custom_call(call: Any, names: frozenset[str]) -> Any:
     function = call.get("function") if isinstance(call, dict) else None
-    if not isinstance(function, dict) or function.get("name") not in names:
+    if not isinstance(function, dict):
+        return call
+    name = function.get("name")
+    if not isinstance(name, str) or name not in names:
         return call
     arguments = function.get("arguments")
     text = custom_input(arguments) if isinstance(arguments, str) else ""
     rest = {k: v for k, v in call.items() if k not in ("function", "type")}
-    return {**rest, "type": "custom", "custom": {"name": function["name"], "input": text}}
+    return {**rest, "type": "custom", "custom": {"name": name, "input": text}}
 
 
 def custom_call_events(
@@ -297,7 +300,7 @@ class _CustomCalls:
         key = (at, index)
         function = part.get("function")
         name = function.get("name") if isinstance(function, dict) else None
-        if key not in self._open and name not in self._names:
+        if key not in self._open and (not isinstance(name, str) or name not in self._names):
             return [*ended, part]
         state = self._open.setdefault(key, {"id": None, "name": name, "arguments": ""})
         if isinstance(part.get("id"), str):

@@ -238,3 +238,26 @@ async def test_an_unchecked_stream_s_custom_call_is_told_when_its_choice_finishe
     ]  # fmt: skip
     assert parsed[-1]["choices"][0]["finish_reason"] == "tool_calls"
     assert out[-1] == b"data: [DONE]\n\n"
+
+
+def test_a_custom_tool_s_input_is_analyzed_as_the_policy_declares(redis_url: str) -> None:
+    """Analyzers name a custom tool's input `/input`: a free-form shell tool (as coding
+    agents declare one) whose command deletes is denied by what it does, grammar or not."""
+    shell = {"type": "custom", "custom": {"name": "shell"}}  # free text: no grammar
+    analyzed = (
+        "tool_calls:\n  tools:\n    shell:\n      arguments:\n"
+        "        - {pointer: /input, language: shell, effects: {deletes: deny}}\n"
+    )
+    for command, allowed in (("ls -l", True), ("rm -rf build", False)):
+        (client, _), gateways = open_gateway(redis_url, command, analyzed)
+        try:
+            if allowed:
+                (call,) = ask(client, tools=[shell]).choices[0].message.tool_calls
+                assert call.custom.input == command
+                continue
+            with pytest.raises(openai.APIStatusError) as refused:
+                ask(client, tools=[shell])
+            assert refused.value.status_code == 502
+            assert "deletes" in str(refused.value)
+        finally:
+            gateways.close_all()
