@@ -145,7 +145,7 @@ def _tool_choice(choice: Any) -> Any:
         return choice  # gateway/toolcalls/tool_choice.py refuses a malformed one
     listed = allowed.get("tools")
     if not isinstance(listed, list):
-        return choice  # gateway/toolcalls/tool_choice.py refuses a malformed one
+        return choice
     where = "tool_choice.allowed_tools.tools"
     tools = [
         _named(t, f"{where}[{i}]") if isinstance(t, dict) and t.get("type") == "custom" else t
@@ -293,9 +293,9 @@ class _CustomCalls:
 
     def _part(self, at: Any, part: Any) -> list[Any]:
         """What to send for one tool-call delta: it, a finished custom call, or nothing."""
-        if not isinstance(part, dict):
+        index = part.get("index") if isinstance(part, dict) else None
+        if type(index) is not int or type(at) is not int:  # no call the engine would make
             return [part]
-        index = part.get("index")
         ended = [self._whole(k) for k in sorted(self._open) if k[0] == at and k[1] != index]
         key = (at, index)
         function = part.get("function")

@@ -23,31 +23,29 @@ from gateway.untrusted.media_urls import check_media_url
 _ROLES = {"user", "assistant", "system", "developer"}
 
 
-def _text_of(content: Any, param: str) -> str:
-    """A tool output's text (its parts must all be text)."""
-    made = _content(content, param, ())
+def _text_of(content: Any, where: str) -> str:
+    """A tool output's (or an instruction's) text: its parts must all be text."""
+    made = _content(content, where, ())
     if isinstance(made, str):
         return made
-    raise InvalidRequest(
-        "A tool output's parts must be text here.", param=param, code="unsupported_content"
-    )
+    raise InvalidRequest("These parts must be text.", param=where, code="unsupported_content")
 
 
 _TEXT_PARTS = ("input_text", "output_text", "text")
 _DETAILS = ("low", "high", "auto")
 
 
-def _content(content: Any, param: str, media_hosts: Collection[str]) -> str | list[dict[str, Any]]:
-    """A message's content as chat content: its text, joined (so a text-only history has
-    the same bytes whatever parts it came in), or, with images, chat parts in order. An
-    assistant's `refusal` part is what it said. An image is passed by its `image_url` (a
-    `data:` URL, or one on a host the policy allows: the engine would fetch it); a
-    `file_id` names a file this gateway does not keep."""
+def _content(content: Any, where: str, media_hosts: Collection[str]) -> str | list[dict[str, Any]]:
+    """A message's content (at `where`) as chat content: its text, joined (so a text-only
+    history has the same bytes whatever parts it came in), or, with images, chat parts in
+    order. An assistant's `refusal` part is what it said. An image is passed by its
+    `image_url` (a `data:` URL, or one on a host the policy allows: the engine would fetch
+    it); a `file_id` names a file this gateway does not keep."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
-        raise InvalidRequest("Message content must be a string or a list of parts.", param=param)
-    parts = [_part(p, f"{param}.content[{j}]", media_hosts) for j, p in enumerate(content)]
+        raise InvalidRequest("Content must be a string or a list of parts.", param=where)
+    parts = [_part(p, f"{where}[{j}]", media_hosts) for j, p in enumerate(content)]
     if any(p["type"] == "image_url" for p in parts):
         return parts
     return "".join(p["text"] for p in parts)
@@ -106,7 +104,7 @@ def input_messages(
             if not isinstance(role, str) or role not in _ROLES:  # a list is unhashable
                 raise InvalidRequest(f"Unknown role `{role}`.", param=f"{param}.role")
             role = "system" if role == "developer" else role  # templates know `system`
-            content = _content(item.get("content"), param, media_hosts)
+            content = _content(item.get("content"), f"{param}.content", media_hosts)
             messages.append({"role": role, "content": content})
         elif kind in ("function_call", "custom_tool_call"):
             if kind == "function_call":
@@ -129,7 +127,8 @@ def input_messages(
             messages.append({
                 "role": "tool",
                 "tool_call_id": str(item.get("call_id") or ""),
-                "content": output if isinstance(output, str) else _text_of(output, param),
+                "content": output if isinstance(output, str)
+                           else _text_of(output, f"{param}.output"),
             })  # fmt: skip
         elif kind == "reasoning":
             continue  # the engine's own reasoning is not replayed to it
