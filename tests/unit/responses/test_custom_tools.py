@@ -2,7 +2,8 @@
 optional grammar, such as an `apply_patch` tool) in front of an engine that only knows
 functions: offered as a function of one string, called back as a `custom_tool_call`, whole
 and streamed, and a history's custom calls and outputs replayed to the engine. Through the
-real app (engine twin, real Redis), answers checked against OpenAI's published schema."""
+real app (engine twin, real Redis), answers checked against OpenAI's published schema; and
+a LangGraph agent running LangChain's `custom_tool` through it."""
 
 from __future__ import annotations
 
@@ -11,6 +12,10 @@ from typing import Any
 
 import orjson
 import pytest
+from langchain_core.messages import AIMessage, HumanMessage
+from langchain_openai import ChatOpenAI, custom_tool
+from langgraph.graph import START, MessagesState, StateGraph
+from langgraph.prebuilt import ToolNode, tools_condition
 
 from gateway.policy import parse_policy
 from tests.fakes import Call, FakeUpstream, Scripted
@@ -127,3 +132,61 @@ def test_a_custom_tool_can_be_chosen_by_name(opened: tuple[Any, FakeUpstream]) -
     assert client.post("/v1/responses", json=request(tool_choice=choice)).status_code == 200
     sent = orjson.loads(fake.calls[-1].body)["tool_choice"]
     assert sent == {"type": "function", "function": {"name": "apply_patch"}}
+
+
+def test_a_langgraph_agent_runs_a_custom_tool_and_continues(redis_url: str) -> None:
+    """LangChain's `custom_tool` in a LangGraph agent over the Responses API: the agent gets
+    the custom call, runs the tool with its free-form input, and sends the output back,
+    which reaches the engine as the tool's result after the call it answers."""
+
+    def engine_then_text(call: Call) -> Scripted:
+        messages = orjson.loads(call.body)["messages"]
+        if messages[-1]["role"] != "tool":
+            return engine(call)
+        completion = {
+            "id": "c", "object": "chat.completion", "created": 1, "model": "served-tiny",
+            "choices": [{"index": 0, "finish_reason": "stop",
+                         "message": {"role": "assistant", "content": "Patched."}}],
+            "usage": {"prompt_tokens": 9, "completion_tokens": 2, "total_tokens": 11},
+        }  # fmt: skip
+        return Scripted(body=orjson.dumps(completion))
+
+    ran: list[str] = []
+
+    @custom_tool
+    def apply_patch(patch: str) -> str:
+        """Edit files."""
+        ran.append(patch)
+        return "Done."
+
+    gateways = OpenGateways()
+    policy = TINY_POLICY + f"state: {{redis_url: '{redis_url}'}}\n"
+    client, fake = gateways.open(parse_policy(policy), engine_then_text)
+    try:
+        model = ChatOpenAI(
+            model="tiny", base_url="http://testserver/v1", api_key="x",
+            http_client=client, use_responses_api=True, output_version="responses/v1",
+        )  # fmt: skip
+        bound = model.bind_tools([apply_patch])
+
+        def call_model(state: MessagesState) -> dict[str, Any]:
+            return {"messages": [bound.invoke(state["messages"])]}
+
+        graph = StateGraph(MessagesState)
+        graph.add_node("model", call_model)
+        graph.add_node("tools", ToolNode([apply_patch]))
+        graph.add_edge(START, "model")
+        graph.add_conditional_edges("model", tools_condition)
+        graph.add_edge("tools", "model")
+        agent = graph.compile()
+        state = agent.invoke({"messages": [HumanMessage("add hi.txt")]})
+    finally:
+        gateways.close_all()
+    assert ran == [PATCH]
+    final = state["messages"][-1]
+    assert isinstance(final, AIMessage) and "Patched." in str(final.content)
+    last = orjson.loads(fake.calls[-1].body)["messages"]
+    call = last[-2]["tool_calls"][0]
+    assert call["function"]["arguments"] == orjson.dumps({"input": PATCH}).decode()
+    assert last[-1]["role"] == "tool" and last[-1]["tool_call_id"] == call["id"]
+    assert last[-1]["content"] == "Done."
