@@ -136,6 +136,11 @@ async def _call(
         if custom is None:
             return await pipeline.handle(endpoint, body, context, parsed=parsed)
         return await _custom_tools(pipeline, custom, context)
+    rewritten, legacy_answer = translated
+    # A history's legacy messages beside custom tools (a request with `functions` cannot
+    # declare `tools` too): both translated, the answer in the custom tools' shape.
+    if not legacy_answer and (custom := to_functions(rewritten)) is not None:
+        return await _custom_tools(pipeline, custom, context)
     return await _legacy_functions(pipeline, translated, context)
 
 

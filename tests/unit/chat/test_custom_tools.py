@@ -261,3 +261,22 @@ def test_a_custom_tool_s_input_is_analyzed_as_the_policy_declares(redis_url: str
             assert "deletes" in str(refused.value)
         finally:
             gateways.close_all()
+
+
+def test_a_legacy_history_beside_custom_tools_is_translated_both_ways(
+    app: tuple[TestClient, FakeUpstream],
+) -> None:
+    client, fake = app
+    messages = [
+        {"role": "user", "content": "List the files."},
+        {"role": "assistant", "content": None,
+         "function_call": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}},
+        {"role": "function", "name": "get_weather", "content": "12 C"},
+    ]  # fmt: skip
+    reply = ask(client, messages=messages)
+    (call,) = reply.choices[0].message.tool_calls
+    assert (call.type, call.custom.input) == ("custom", "ls -l")
+    body = sent(fake)
+    assert body["messages"][1]["tool_calls"][0]["id"] == "call_fn_1"
+    assert body["messages"][2]["role"] == "tool"
+    assert {t["function"]["name"] for t in body["tools"]} == {"shell", "note", "get_weather"}
