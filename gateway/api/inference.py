@@ -131,28 +131,24 @@ async def _call(
     # bytes cost 14.5 us on a 25 KB body, about 90 on a 50,000-token prompt).
     parsed = json_object(body)
     translated = to_tools(parsed)
+    if translated is not None and translated[1]:  # asked with `functions`: answered so
+        return await _legacy_functions(pipeline, translated[0], context)
+    # A legacy history alone (`functions` and `tools` exclude each other) is sent as tool
+    # calls, and beside custom tools too when the request declares any.
+    rewritten = parsed if translated is None else translated[0]
+    if (custom := to_functions(rewritten)) is not None:
+        return await _custom_tools(pipeline, custom, context)
     if translated is None:
-        custom = to_functions(parsed)
-        if custom is None:
-            return await pipeline.handle(endpoint, body, context, parsed=parsed)
-        return await _custom_tools(pipeline, custom, context)
-    rewritten, legacy_answer = translated
-    # A history's legacy messages beside custom tools (a request with `functions` cannot
-    # declare `tools` too): both translated, the answer in the custom tools' shape.
-    if not legacy_answer and (custom := to_functions(rewritten)) is not None:
-        return await _custom_tools(pipeline, custom, context)
-    return await _legacy_functions(pipeline, translated, context)
+        return await pipeline.handle(endpoint, body, context, parsed=parsed)
+    return await pipeline.handle(Endpoint.chat, rewritten, context)
 
 
 async def _legacy_functions(
-    pipeline: Pipeline, translated: tuple[dict[str, Any], bool], context: RequestContext
+    pipeline: Pipeline, body: dict[str, Any], context: RequestContext
 ) -> Served:
     """A chat request that uses `functions` / `function_call`: sent with tools, and
     answered in the shape its client asked in (gateway/chat/legacy_functions.py)."""
-    body, legacy_answer = translated
     served = await pipeline.handle(Endpoint.chat, body, context)
-    if not legacy_answer:
-        return served
     if served.stream is not None:
         return replace(served, stream=ConvertedEvents(function_call_events, served.stream))
     completion = to_function_call(served.completion())

@@ -128,11 +128,9 @@ def _custom(tool: dict[str, Any], param: str) -> dict[str, Any]:
     if not isinstance(name, str) or not name:
         raise InvalidRequest("A custom tool needs a `name`.", param=f"{param}.name")
     form = tool.get("format")
-    if isinstance(form, dict) and form.get("type") == "grammar":
-        return custom_function(
-            name, tool.get("description"), form.get("syntax"), form.get("definition")
-        )
-    return custom_function(name, tool.get("description"))
+    grammar = form if isinstance(form, dict) and form.get("type") == "grammar" else {}
+    syntax, definition = grammar.get("syntax"), grammar.get("definition")
+    return custom_function(name, tool.get("description"), syntax, definition)
 
 
 def _label(tool: Any) -> str:

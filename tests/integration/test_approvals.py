@@ -27,13 +27,12 @@ import pytest
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
-from langgraph.graph import START, MessagesState, StateGraph
-from langgraph.prebuilt import ToolNode, tools_condition
 from openai.types.chat import (
     ChatCompletionFunctionToolParam,
     ChatCompletionMessageParam,
 )
 
+from tests.agent_graphs import tool_agent
 from tests.conftest import SHARED_DATA
 from tests.integration.conftest import Engines, Gateway, running_gateway
 from tests.unit.tenant_gateway import forget_tenants, sha256
@@ -244,16 +243,7 @@ def test_a_langgraph_agent_loop_runs_through_a_hold_and_a_release(approving: App
             extra_body=MAKE_THE_CALL,
         ).bind_tools([cancel_reservation])
 
-        def agent(state: MessagesState) -> dict[str, Any]:
-            return {"messages": [model.invoke(state["messages"])]}
-
-        graph = StateGraph(MessagesState)
-        graph.add_node("agent", agent)
-        graph.add_node("tools", ToolNode([cancel_reservation]))
-        graph.add_edge(START, "agent")
-        graph.add_conditional_edges("agent", tools_condition)
-        graph.add_edge("tools", "agent")
-        app = graph.compile()
+        app = tool_agent(model, [cancel_reservation])
 
         first = app.invoke({"messages": [HumanMessage(REQUEST)]})
         hold = first["messages"][-1]

@@ -408,54 +408,31 @@ def test_claude_code_s_session_keeps_its_conversation_together(
             "invalid_request_error",
             anthropic.BadRequestError,
         ),
-        (
-            {
-                "model": "tiny",
-                "max_tokens": 8,
-                "messages": [
-                    {
-                        "role": "user",
-                        "content": [
-                            {
-                                "type": "image",
-                                "source": {"type": "url", "url": "http://169.254.169.254/"},
-                            }
-                        ],
-                    }
-                ],
-            },
-            400,
-            "invalid_request_error",
-            anthropic.BadRequestError,
-        ),
-        *(
+        *(  # user blocks the engine cannot be given, or that give it nothing
             (
                 {
                     "model": "tiny",
                     "max_tokens": 8,
-                    "messages": [
-                        {"role": "user", "content": [{"type": "document", "source": source}]}
-                    ],
+                    "messages": [{"role": "user", "content": [block]}],
                 },
                 400,
                 "invalid_request_error",
                 anthropic.BadRequestError,
             )
-            for source in (
-                {"type": "url", "url": "http://169.254.169.254/"},
-                {"type": "base64", "media_type": "application/pdf", "data": "JVBERi0="},
-                {"type": "file", "file_id": "file_1"},
+            for block in (
+                {"type": "image", "source": {"type": "url", "url": "http://169.254.169.254/"}},
+                {"type": "document", "source": {"type": "url", "url": "http://169.254.169.254/"}},
+                {
+                    "type": "document",
+                    "source": {
+                        "type": "base64",
+                        "media_type": "application/pdf",
+                        "data": "JVBERi0=",
+                    },
+                },
+                {"type": "document", "source": {"type": "file", "file_id": "file_1"}},
+                {"type": "text", "text": ""},
             )
-        ),
-        (
-            {
-                "model": "tiny",
-                "max_tokens": 8,
-                "messages": [{"role": "user", "content": [{"type": "text", "text": ""}]}],
-            },
-            400,
-            "invalid_request_error",
-            anthropic.BadRequestError,
         ),
     ],
 )

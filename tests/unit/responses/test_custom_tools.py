@@ -14,10 +14,9 @@ import orjson
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage
 from langchain_openai import ChatOpenAI, custom_tool
-from langgraph.graph import START, MessagesState, StateGraph
-from langgraph.prebuilt import ToolNode, tools_condition
 
 from gateway.policy import parse_policy
+from tests.agent_graphs import tool_agent
 from tests.fakes import Call, FakeUpstream, Scripted
 from tests.openapi_contract import violations
 from tests.unit.clients import TINY_POLICY, OpenGateways
@@ -167,18 +166,7 @@ def test_a_langgraph_agent_runs_a_custom_tool_and_continues(redis_url: str) -> N
             model="tiny", base_url="http://testserver/v1", api_key="x",
             http_client=client, use_responses_api=True, output_version="responses/v1",
         )  # fmt: skip
-        bound = model.bind_tools([apply_patch])
-
-        def call_model(state: MessagesState) -> dict[str, Any]:
-            return {"messages": [bound.invoke(state["messages"])]}
-
-        graph = StateGraph(MessagesState)
-        graph.add_node("model", call_model)
-        graph.add_node("tools", ToolNode([apply_patch]))
-        graph.add_edge(START, "model")
-        graph.add_conditional_edges("model", tools_condition)
-        graph.add_edge("tools", "model")
-        agent = graph.compile()
+        agent = tool_agent(model.bind_tools([apply_patch]), [apply_patch])
         state = agent.invoke({"messages": [HumanMessage("add hi.txt")]})
     finally:
         gateways.close_all()
