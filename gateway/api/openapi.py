@@ -130,6 +130,17 @@ def _path_id(name: str, description: str, pattern: str | None = None) -> dict[st
     }
 
 
+# `GET /v1/responses/{id}/input_items`'s paging, as OpenAI's.
+_LIST_QUERY = [
+    {"name": "limit", "in": "query", "required": False,
+     "schema": {"type": "integer", "minimum": 1, "maximum": 100, "default": 20}},
+    {"name": "order", "in": "query", "required": False,
+     "schema": {"type": "string", "enum": ["asc", "desc"], "default": "desc"}},
+    {"name": "after", "in": "query", "required": False, "schema": {"type": "string"}},
+    {"name": "include", "in": "query", "required": False,
+     "schema": {"type": "array", "items": {"type": "string"}}},
+]  # fmt: skip
+
 _SESSION_ID = _path_id(
     "session_id", "1-200 characters of letters, digits and . _ : @ / + = -.", _SESSION_PATTERN
 )
@@ -207,6 +218,21 @@ def _paths() -> dict[str, Any]:
         "/v1/responses/{response_id}": {
             "get": _get("Retrieve a stored response", ref("Response"), parameters=[response_id]),
             "delete": _get("Delete a stored response", ref("Deleted"), parameters=[response_id]),
+        },
+        "/v1/responses/{response_id}/input_items": {
+            "get": _get(
+                "The items a stored response was made from, those it continued included",
+                ref("ResponseItemList"),
+                parameters=[response_id, *_LIST_QUERY],
+            )
+        },
+        "/v1/responses/{response_id}/cancel": {
+            "post": _get(
+                "Cancel a background response (every response here is answered in the "
+                "foreground: a stored one is complete, and refused with a 400)",
+                ref("Response"),
+                parameters=[response_id],
+            )
         },
         "/v1/models": {"get": _get("List the model aliases", ref("ModelList"))},
         "/v1/models/{model}": {

@@ -321,6 +321,24 @@ SCHEMAS: dict[str, Any] = {
             "usage": {"type": "object"},
         },
     },
+    "ResponseItemList": {
+        "type": "object",
+        "required": ["object", "data", "first_id", "last_id", "has_more"],
+        "properties": {
+            "object": {"const": "list"},
+            "data": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["id", "type"],
+                    "properties": {"id": {"type": "string"}, "type": {"type": "string"}},
+                },
+            },
+            "first_id": {"type": ["string", "null"]},
+            "last_id": {"type": ["string", "null"]},
+            "has_more": {"type": "boolean"},
+        },
+    },
     "Deleted": {
         "type": "object",
         "required": ["id", "object", "deleted"],

@@ -44,6 +44,7 @@ from gateway.responses.convert import (
     response_object,
     usage_of,
 )
+from gateway.responses.input_items import Page, kept_inputs, listing
 from gateway.responses.records import ResponseRecords
 from gateway.responses.stream import ConvertedStream, ResponseEvents
 from gateway.responses.tools import EngineTools, engine_tools
@@ -120,6 +121,9 @@ class ResponsesService:
             "session": context.session.id if context.session else None,
             "request_id": response_id,
             "instructions": bool(request.get("instructions")),
+            # What `GET /v1/responses/{id}/input_items` lists (gateway/responses/input_items.py).
+            "input": kept_inputs(_input_of(request), response_id),
+            "previous": request.get("previous_response_id"),
         }
 
         async def keep(response: dict[str, Any]) -> None:
@@ -225,7 +229,7 @@ class ResponsesService:
         messages: list[Message] = (
             [{"role": "system", "content": instructions}] if instructions else []
         )
-        items = request.get("input") or []
+        items = _input_of(request)
         compacted = await self._compactions.hydrate(items, tenant) if self._compactions else {}
         messages += past + input_messages(items, compacted, limits.media_url_hosts)
         tools = engine_tools(request.get("tools"), refuse_hosted=limits.hosted_tools == "refuse")
@@ -237,6 +241,33 @@ class ResponsesService:
             raise _not_found(response_id, "response_id")
         response: dict[str, Any] = record["response"]
         return response
+
+    async def input_items(
+        self, response_id: str, page: Page, tenant: str = DEFAULT_TENANT
+    ) -> dict[str, Any]:
+        """`GET /v1/responses/{id}/input_items`: the items the response was made from,
+        those of the responses it continued included (gateway/responses/input_items.py)."""
+        record = await self._records.get(response_id, tenant=tenant)
+        if record is None:
+            raise _not_found(response_id, "response_id")
+
+        async def read(earlier: str) -> dict[str, Any] | None:
+            return await self._records.get(earlier, tenant=tenant)
+
+        return await listing(record, read, page)
+
+    async def cancel(self, response_id: str, tenant: str = DEFAULT_TENANT) -> dict[str, Any]:
+        """`POST /v1/responses/{id}/cancel`: only a background response can be cancelled,
+        and this gateway answers every response in the foreground, so a stored one is
+        complete: refused as OpenAI refuses a foreground response."""
+        if await self._records.get(response_id, tenant=tenant) is None:
+            raise _not_found(response_id, "response_id")
+        raise InvalidRequest(
+            "Only responses created with `background: true` can be cancelled, and this "
+            f"gateway answers every response in the foreground: '{response_id}' is complete.",
+            param="response_id",
+            code="not_cancellable",
+        )
 
     async def delete(self, response_id: str, tenant: str = DEFAULT_TENANT) -> dict[str, Any]:
         if not await self._records.delete(response_id, tenant=tenant):
@@ -331,6 +362,13 @@ def _check_text_schema(text: dict[str, Any] | None) -> None:
         schema = text_format.get("schema")
         if isinstance(schema, dict):
             client_schema(schema, "text.format.schema")
+
+
+def _input_of(request: dict[str, Any]) -> Any:
+    """The request's input items; none given (or an empty string): none. Anything but a
+    string or a list is refused by `input_messages`, falsy or not (`0` was once no input)."""
+    items = request.get("input")
+    return [] if items is None or items == "" else items
 
 
 def _object_or_none(value: Any) -> bool:

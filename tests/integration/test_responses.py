@@ -1,5 +1,6 @@
 """The Responses API against real vLLM: the OpenAI Agents SDK continuing a conversation
-with `previous_response_id`, and a streamed response read by the openai SDK."""
+with `previous_response_id` (and the items it was made from listed by the openai SDK),
+and a streamed response read by the openai SDK."""
 
 from __future__ import annotations
 
@@ -51,6 +52,15 @@ async def test_an_agents_sdk_agent_continues_from_its_previous_response(
     sent = turn["engine_request"]["messages"]
     assert [m["role"] for m in sent] == ["system", "user", "assistant", "user"]
     assert sent[0]["content"] == SYSTEM and sent[-1]["content"] == "Change my flight"
+    # What the second was made from: the first's input and output, then its own input.
+    listed = client.responses.input_items.list(second.last_response_id, order="asc")
+    items = [item.model_dump() async for item in listed]
+    assert [(i["type"], i["role"]) for i in items] == [
+        ("message", "user"), ("message", "assistant"), ("message", "user")
+    ]  # fmt: skip
+    assert [items[0]["content"][0]["text"], items[-1]["content"][0]["text"]] == [
+        "Hi", "Change my flight"
+    ]  # fmt: skip
     await client.close()
 
 

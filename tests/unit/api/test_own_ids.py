@@ -38,6 +38,7 @@ COVERED = {
     ("POST", "/v1/sessions/{session_id}/fork"): "test_a_fork_never_writes_over_another_session",
     ("DELETE", "/v1/sessions/{session_id}"): "test_deleting_a_session_leaves_its_forks_and_the_rest",
     ("DELETE", "/v1/responses/{response_id}"): "test_deleting_a_response_leaves_its_session_and_the_rest",
+    ("POST", "/v1/responses/{response_id}/cancel"): "test_cancelling_a_response_changes_nothing",
     ("POST", "/v1/approvals/{approval_id}"): "test_a_decision_decides_that_approval_only_and_once",
     ("DELETE", "/admin/keys/{key_id}"): "test_keys_with_one_name_are_two_keys_and_revoking_one_keeps_the_other",
 }  # fmt: skip
@@ -213,6 +214,20 @@ def test_deleting_a_response_leaves_its_session_and_the_rest(world: World) -> No
     assert world.respond("go on", world.responses[2]).status_code == 200  # its session is whole
     after = world.everything()
     assert (after["first"], after["second"]) == (before["first"], before["second"])
+
+
+def test_cancelling_a_response_changes_nothing(world: World) -> None:
+    """Every response here is answered in the foreground: a stored one is complete, and a
+    cancel is refused without touching it or its session."""
+    before = world.everything()
+    for response in world.responses:
+        refused = world.client.post(f"/v1/responses/{response}/cancel", headers=world.a.headers)
+        assert refused.status_code == 400, refused.text
+    assert world.everything() == before
+    items = world.client.get(
+        f"/v1/responses/{world.responses[2]}/input_items", headers=world.a.headers
+    )
+    assert [i["content"][0]["text"] for i in items.json()["data"]][::2] == ["three", "two", "one"]
 
 
 async def pending(world: World, session: str) -> str:

@@ -101,15 +101,48 @@ def test_previous_response_id_hydrates_the_conversation_without_old_instructions
     assert second.output_text == "saw 4"
 
 
-def test_continuing_from_an_earlier_response_branches(
+def test_continuing_from_an_earlier_response_branches_and_lists_its_own_line_s_items(
     app: tuple[TestClient, FakeUpstream],
 ) -> None:
     client, fake = app
     api = sdk(client)
     root = api.responses.create(model="tiny", input="root")
     api.responses.create(model="tiny", input="branch A", previous_response_id=root.id)
-    api.responses.create(model="tiny", input="branch B", previous_response_id=root.id)
+    b = api.responses.create(
+        model="tiny",
+        input=[{"role": "user", "content": [{"type": "input_text", "text": "branch B"}]}],
+        previous_response_id=root.id,
+    )
     assert [m["content"] for m in sent(fake)] == ["root", "saw 1", "branch B"]
+    pages = api.responses.input_items.list(b.id, limit=1)  # the SDK pages one at a time
+    newest_first = [item.model_dump() for item in pages]
+    assert [(i["type"], i["role"]) for i in newest_first] == [
+        ("message", "user"), ("message", "assistant"), ("message", "user")
+    ]  # fmt: skip
+    texts = [i["content"][0]["text"] for i in newest_first]
+    assert texts == ["branch B", "saw 1", "root"]  # branch A is not in B's chain
+    assert newest_first[1]["id"] == root.output[0].id
+    page = client.get(f"/v1/responses/{b.id}/input_items", params={"order": "asc", "limit": 2})
+    assert violations("ResponseItemList", page.json()) == []
+    assert page.json()["has_more"] is True
+    assert [i["id"] for i in page.json()["data"]] == [i["id"] for i in newest_first[:0:-1]]
+    bad = client.get(f"/v1/responses/{b.id}/input_items", params={"limit": 500})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "limit"
+
+
+def test_a_stored_response_is_complete_so_not_cancellable(
+    app: tuple[TestClient, FakeUpstream],
+) -> None:
+    client, _ = app
+    api = sdk(client)
+    done = api.responses.create(model="tiny", input="hi")
+    with pytest.raises(openai.BadRequestError) as refused:
+        api.responses.cancel(done.id)
+    assert refused.value.code == "not_cancellable"
+    assert api.responses.retrieve(done.id).status == "completed"
+    for method, path in (("GET", "input_items"), ("POST", "cancel")):
+        gone = client.request(method, f"/v1/responses/resp_nope/{path}")
+        assert gone.status_code == 404 and gone.json()["error"]["code"] == "response_not_found"
 
 
 def test_function_calls_round_trip(app: tuple[TestClient, FakeUpstream]) -> None:
@@ -173,6 +206,8 @@ def test_a_streamed_response_tells_the_events_in_order(
         ({"model": "tiny", "input": "x", "previous_response_id": "resp_nope"}, 404,
          "previous_response_id"),
         ({"model": "tiny"}, 400, "input"),
+        ({"model": "tiny", "input": 0}, 400, "input"),  # once no input at all
+        ({"model": "tiny", "input": {}}, 400, "input"),
         ({"model": "tiny", "input": "x", "tools": [{"type": "namespace", "tools": []}]}, 400,
          "tools[0].name"),
         ({"model": "tiny", "input": [{"type": "item_reference", "id": "x"}]}, 400,
