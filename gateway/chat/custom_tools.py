@@ -8,8 +8,11 @@ custom tool is offered to it as a function of one string argument, `input`:
   match), which the gateway's tool-call check holds every call to (RE2, in linear time;
   a pattern RE2 cannot run leaves the argument unchecked) and which the engine enforces
   where it constrains the call (a named `tool_choice`, a `strict` tool);
-- a `lark` grammar is put in the argument's description: neither the engine nor the
-  gateway can run a client's Lark grammar with a bound.
+- a `lark` grammar is compiled (a 400 when it does not compile) and put in the argument's
+  schema as `x-grammar`, where the tool-call check matches every call's input against it
+  with llguidance, bounded (gateway/untrusted/lark_grammars.py) and the model reads it;
+  the engine does not enforce it. A grammar of more than 8,000 characters is described
+  only (its start, in the argument's description), as before.
 
 The engine's call of such a function comes back to the client as a custom call with that
 `input`. Both APIs that have custom tools use this: the Responses API
@@ -39,21 +42,45 @@ import orjson
 from gateway.chat.sse import data_event
 from gateway.chat.stream import DONE, ChatEvent
 from gateway.errors import InvalidRequest
+from gateway.untrusted.lark_grammars import (
+    GRAMMAR_CHARS,
+    GRAMMAR_KEYWORD,
+    UnusableGrammar,
+    lark_grammar,
+)
 
 CUSTOM_INPUT = "input"  # the one argument a custom tool's function takes
-GRAMMAR_CHARS = 8_000  # of a custom tool's grammar, put in its function (longer: described only)
 
 
 def custom_function(
-    name: str, description: Any, syntax: Any = None, definition: Any = None
+    name: str,
+    description: Any,
+    syntax: Any = None,
+    definition: Any = None,
+    *,
+    param: str = "tools",
 ) -> dict[str, Any]:
     """A custom tool as a chat function tool of one string, its grammar (if any) applied
-    where it can be (`regex`) and described in any case."""
+    where it can be (`regex`, `lark`) and described in any case. `param`: where the
+    grammar's definition is in the client's request, for the 400 of one that does not
+    compile."""
     described = "The tool's whole input, as free text."
     argument: dict[str, Any] = {"type": "string"}
     if isinstance(definition, str) and definition:
         syntax = syntax if isinstance(syntax, str) else ""
-        described += f" It must follow this {syntax} grammar:\n{definition[:GRAMMAR_CHARS]}"
+        if syntax == "lark" and len(definition) <= GRAMMAR_CHARS:
+            try:
+                lark_grammar(definition)
+            except UnusableGrammar as exc:
+                raise InvalidRequest(
+                    f"Invalid Lark grammar: {exc}.", param=param, code="invalid_grammar"
+                ) from None
+            # Read by the tool-call check (gateway/toolcalls/arguments_schema.py) and by
+            # the model, as part of the tool's schema.
+            argument[GRAMMAR_KEYWORD] = {"syntax": "lark", "definition": definition}
+            described += f" It must follow the lark grammar in `{GRAMMAR_KEYWORD}`."
+        else:
+            described += f" It must follow this {syntax} grammar:\n{definition[:GRAMMAR_CHARS]}"
         if syntax == "regex" and len(definition) <= GRAMMAR_CHARS:
             argument["pattern"] = f"^(?:{definition})$"
     argument["description"] = described
@@ -132,7 +159,8 @@ def _tool(tool: Any, i: int, names: set[str]) -> Any:
         if isinstance(grammar, dict):
             syntax, definition = grammar.get("syntax"), grammar.get("definition")
     names.add(name)
-    return custom_function(name, spec.get("description"), syntax, definition)
+    where = f"tools[{i}].custom.format.grammar.definition"
+    return custom_function(name, spec.get("description"), syntax, definition, param=where)
 
 
 def _tool_choice(choice: Any) -> Any:

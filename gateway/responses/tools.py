@@ -130,7 +130,8 @@ def _custom(tool: dict[str, Any], param: str) -> dict[str, Any]:
     form = tool.get("format")
     grammar = form if isinstance(form, dict) and form.get("type") == "grammar" else {}
     syntax, definition = grammar.get("syntax"), grammar.get("definition")
-    return custom_function(name, tool.get("description"), syntax, definition)
+    where = f"{param}.format.definition"
+    return custom_function(name, tool.get("description"), syntax, definition, param=where)
 
 
 def _label(tool: Any) -> str:

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.untrusted.lark_grammars import GRAMMAR_KEYWORD, UnusableGrammar, lark_grammar
 from gateway.untrusted.schemas import ClientSchema, TooCostly, prepare
 
 # Keywords the plain checks apply exactly as JSON Schema 2020-12 does, and annotations
@@ -50,6 +51,7 @@ _APPLIED = frozenset(
         "maxItems",
         "minimum",
         "maximum",
+        GRAMMAR_KEYWORD,
     }
 )
 _TYPES: dict[str, Callable[[Any], bool]] = {
@@ -128,6 +130,8 @@ def _compile(schema: Any, depth: int) -> Check:
         checks.append(_object_check(schema, depth))
     if "items" in schema:
         checks.append(_items_check(_compile(schema["items"], depth + 1)))
+    if GRAMMAR_KEYWORD in schema and (grammar := _grammar_check(schema[GRAMMAR_KEYWORD])):
+        checks.append(grammar)
     if len(checks) == 1:
         return checks[0]
 
@@ -138,6 +142,30 @@ def _compile(schema: Any, depth: int) -> Check:
         return None
 
     return all_of
+
+
+def _grammar_check(grammar: Any) -> Check | None:
+    """A string's Lark grammar (`x-grammar`, as a custom tool's input carries it:
+    gateway/chat/custom_tools.py), matched with a bound; None for anything else under the
+    keyword, which asserts nothing then (a grammar that does not compile included: a
+    custom tool's was refused with a 400 already)."""
+    if not isinstance(grammar, dict) or grammar.get("syntax") != "lark":
+        return None
+    definition = grammar.get("definition")
+    if not isinstance(definition, str):
+        return None
+    try:
+        compiled = lark_grammar(definition)
+    except UnusableGrammar:
+        return None
+
+    def check(value: Any, path: str) -> str | None:
+        if type(value) is not str:
+            return None
+        problem = compiled.mismatch(value)
+        return None if problem is None else _at(path, problem)
+
+    return check
 
 
 def _at(path: str, message: str) -> str:

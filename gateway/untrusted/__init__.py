@@ -9,6 +9,8 @@ bounded.
   checking a value against it stops after a fixed number of steps.
 - `structured_outputs`: the constraints a client asks vLLM to compile in its own field
   (a schema, a regex, a grammar, choices) held to the same bounds.
+- `lark_grammars`: custom tools' Lark grammars, compiled and matched by llguidance under
+  its work caps, each match within a CPU budget.
 - `media_urls`: media named by URL, which a multimodal engine would fetch, refused unless
   inline or from a host the policy lists.
 """

@@ -257,34 +257,47 @@ def test_allowed_tools_narrow_the_calls_and_keep_the_prompt_cached(
     assert "`get_reservation_details` is not allowed" in raised.value.response.text
 
 
-SHELL: Any = {"type": "custom", "custom": {"name": "shell", "description": "Runs a command.",
-              "format": {"type": "grammar", "grammar": {"syntax": "regex",
-                                                        "definition": "(ls|pwd)( -l)?"}}}}  # fmt: skip
+def shell(syntax: str, definition: str) -> Any:
+    grammar = {"syntax": syntax, "definition": definition}
+    return {"type": "custom", "custom": {"name": "shell", "description": "Runs a command.",
+            "format": {"type": "grammar", "grammar": grammar}}}  # fmt: skip
 
 
-@pytest.mark.parametrize("stream", [False, True])
+SHELL = shell("regex", "(ls|pwd)( -l)?")
+
+
+@pytest.mark.parametrize(
+    ("tool", "refusal", "stream"),
+    [
+        (SHELL, "does not match", False),
+        (SHELL, "does not match", True),
+        (shell("lark", 'start: ("ls" | "pwd") (" -l")?'), "breaks the tool's grammar", False),
+    ],
+)
 def test_custom_tools_are_called_as_custom_and_held_to_their_grammar(
-    client: openai.OpenAI, stream: bool
+    client: openai.OpenAI, tool: Any, refusal: str, stream: bool
 ) -> None:
     """OpenAI's custom tools on Chat Completions, which vLLM 0.32 does not take: offered as
-    a function of one string, the engine's parser makes a real call of it, and the agent
-    gets a custom call; an input outside the tool's regex grammar is refused, never sent."""
+    a function of one string (a Lark grammar in its schema, which the engine takes), the
+    engine's parser makes a real call of it, and the agent gets a custom call; an input
+    outside the tool's regex or Lark grammar is refused, never sent."""
     made: list[Any] = []
     for command in ("ls -l", "rm -rf /"):
         try:
-            made.append(custom_calls(client, command, stream))
-        except openai.APIError as refusal:
-            made.append(refusal)
+            made.append(custom_calls(client, tool, command, stream))
+        except openai.APIError as error:
+            made.append(error)
     assert made[0] == [{"type": "custom", "custom": {"name": "shell", "input": "ls -l"}}]
-    refused = made[1]
-    assert isinstance(refused, openai.APIError), refused
-    assert "does not match" in str(refused)
+    assert isinstance(made[1], openai.APIError), made[1]
+    assert refusal in str(made[1])
 
 
-def custom_calls(client: openai.OpenAI, command: str, stream: bool) -> list[dict[str, Any]]:
+def custom_calls(
+    client: openai.OpenAI, tool: Any, command: str, stream: bool
+) -> list[dict[str, Any]]:
     """The calls the agent got, each without its id (a stream's as its deltas came)."""
     answer = client.chat.completions.create(
-        model="tiny", messages=ASK, tools=[SHELL], max_tokens=80, temperature=0, stream=stream,
+        model="tiny", messages=ASK, tools=[tool], max_tokens=80, temperature=0, stream=stream,
         extra_body=forced("shell", json.dumps({"input": command})),
     )  # fmt: skip
     if not stream:

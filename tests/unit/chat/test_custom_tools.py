@@ -25,6 +25,15 @@ SHELL = {"type": "custom", "custom": {"name": "shell", "description": "Runs a co
          "format": {"type": "grammar", "grammar": {"syntax": "regex",
                                                    "definition": "(ls|pwd)( -l)?"}}}}  # fmt: skip
 NOTE = {"type": "custom", "custom": {"name": "note"}}  # free text
+
+
+def lark_shell(definition: str) -> dict[str, Any]:
+    grammar = {"syntax": "lark", "definition": definition}
+    return {"type": "custom", "custom": {"name": "shell", "description": "Runs a command.",
+            "format": {"type": "grammar", "grammar": grammar}}}  # fmt: skip
+
+
+SHELL_LARK = lark_shell('start: ("ls" | "pwd") (" -l")?')
 WEATHER = {"type": "function", "function": {"name": "get_weather",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}  # fmt: skip
 
@@ -144,6 +153,22 @@ def test_a_call_against_the_regex_grammar_never_arrives_as_a_success(redis_url: 
         gateways.close_all()
 
 
+@pytest.mark.parametrize(("command", "passes"), [("pwd -l", True), ("rm -rf /", False)])
+def test_every_call_is_held_to_its_lark_grammar(redis_url: str, command: str, passes: bool) -> None:
+    (client, _), gateways = open_gateway(redis_url, command)
+    try:
+        if passes:
+            answer = ask(client, tools=[SHELL_LARK]).choices[0].message.model_dump()
+            assert answer["tool_calls"][0]["custom"] == {"name": "shell", "input": command}
+            return
+        with pytest.raises(openai.APIStatusError) as refused:
+            ask(client, tools=[SHELL_LARK])
+        assert refused.value.status_code == 502
+        assert "breaks the tool's grammar at byte 0" in str(refused.value)
+    finally:
+        gateways.close_all()
+
+
 def test_a_history_s_custom_calls_reach_the_engine_as_the_function_calls_they_were(
     app: tuple[TestClient, FakeUpstream],
 ) -> None:
@@ -184,6 +209,8 @@ def test_malformed_custom_tools_and_calls_are_a_400_naming_where(
         ({"tools": [{"type": "custom", "custom": {}}]}, "tools[0].custom.name"),
         ({"tools": [{"type": "custom"}]}, "tools[0].custom.name"),
         ({"tool_choice": {"type": "custom", "custom": {}}}, "tool_choice.custom.name"),
+        ({"tools": [lark_shell("start: undefined_rule")]},
+         "tools[0].custom.format.grammar.definition"),
         (
             {"tools": [WEATHER], "messages": [
                 {"role": "user", "content": "x"},

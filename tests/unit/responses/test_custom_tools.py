@@ -18,13 +18,12 @@ from langchain_openai import ChatOpenAI, custom_tool
 from gateway.policy import parse_policy
 from tests.agent_graphs import tool_agent
 from tests.fakes import Call, FakeUpstream, Scripted
+from tests.grammars import APPLY_PATCH_LARK, PATCH
 from tests.openapi_contract import violations
 from tests.unit.clients import TINY_POLICY, OpenGateways
 
-GRAMMAR = 'start: begin_patch hunk+ end_patch\nbegin_patch: "*** Begin Patch" LF'
 APPLY_PATCH = {"type": "custom", "name": "apply_patch", "description": "Edit files.",
-               "format": {"type": "grammar", "syntax": "lark", "definition": GRAMMAR}}  # fmt: skip
-PATCH = "*** Begin Patch\n*** Add File: hi.txt\n+hi\n*** End Patch"
+               "format": {"type": "grammar", "syntax": "lark", "definition": APPLY_PATCH_LARK}}  # fmt: skip
 
 
 def engine(call: Call) -> Scripted:
@@ -78,7 +77,9 @@ def test_a_custom_tool_is_offered_as_a_function_and_called_back_as_custom(
     function = offered["function"]
     assert (function["name"], function["description"]) == ("apply_patch", "Edit files.")
     assert function["parameters"]["required"] == ["input"]
-    assert GRAMMAR in function["parameters"]["properties"]["input"]["description"]
+    # the grammar in the string's schema, where the tool-call check applies it
+    grammar = function["parameters"]["properties"]["input"]["x-grammar"]
+    assert grammar == {"syntax": "lark", "definition": APPLY_PATCH_LARK}
     body = answer.json()
     assert violations("Response", body) == []
     (item,) = body["output"]

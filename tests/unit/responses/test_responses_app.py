@@ -213,6 +213,9 @@ def test_a_streamed_response_tells_the_events_in_order(
         ({"model": "tiny", "input": [{"type": "item_reference", "id": "x"}]}, 400,
          "input[0].type"),
         ({"model": "tiny", "input": "x", "conversation": "conv_1"}, 400, "conversation"),
+        ({"model": "tiny", "input": "x", "tools": [{"type": "custom", "name": "t", "format": {
+            "type": "grammar", "syntax": "lark", "definition": "start: nope"}}]}, 400,
+         "tools[0].format.definition"),
         ({"model": "tiny", "input": "x", "prompt": {"id": "pmpt_1"}}, 400, "prompt"),
         ({"model": "tiny", "input": "x", "tool_choice": "required"}, 400, "tool_choice"),
         ({"model": "tiny", "input": "x", "tool_choice": "required",
