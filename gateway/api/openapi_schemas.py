@@ -244,6 +244,18 @@ SCHEMAS: dict[str, Any] = {
             },
             "instructions": {"type": ["string", "null"]},
             "previous_response_id": {"type": ["string", "null"]},
+            "context_management": {
+                "type": ["array", "null"],
+                "description": "Server-side compaction past a token threshold.",
+                "items": {
+                    "type": "object",
+                    "required": ["type"],
+                    "properties": {
+                        "type": {"const": "compaction"},
+                        "compact_threshold": {"type": ["integer", "null"], "minimum": 1000},
+                    },
+                },
+            },
             "store": {"type": ["boolean", "null"]},
             "stream": {"type": ["boolean", "null"]},
             "max_output_tokens": {**MAX_TOKENS, "minimum": 16},

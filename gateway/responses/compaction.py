@@ -12,6 +12,12 @@ holds the whole compacted block. An item the gateway does not know (expired with
 session TTL, another tenant's, another provider's) is a 400 naming it.
 
 Compaction asks no engine: it costs the gateway a render and one Redis write.
+
+The same compaction runs inside `POST /v1/responses` when the request's
+`context_management` asks for it and the conversation's rendered tokens cross its
+`compact_threshold` (`compact_past`): the engine is sent the compacted conversation and
+the response's output starts with the compaction item, as OpenAI's server-side compaction
+answers.
 """
 
 from __future__ import annotations
@@ -85,6 +91,20 @@ class Compactions:
                 )
             found[index] = orjson.loads(raw)
         return found
+
+
+def compact_past(
+    messages: list[Message], threshold: int, spec: TrimmingSpec, tokens: TokenCounter
+) -> Trimmed | None:
+    """Server-side compaction (a request's `context_management`): the conversation
+    compacted when its rendered tokens (instructions included, counted by the trimming
+    tokenizer) cross `threshold`; None when they do not. The tail kept is the policy's
+    low-water mark or half the threshold, whichever is smaller: a client that asks for
+    compaction past 1,000 tokens is not sent a 2,500-token tail."""
+    if Trimmer(spec, tokens).rendered_tokens(messages) <= threshold:
+        return None
+    tail = min(spec.low_water_tokens, max(64, threshold // 2))
+    return compact(messages, spec.model_copy(update={"low_water_tokens": tail}), tokens)
 
 
 def compact(messages: list[Message], spec: TrimmingSpec, tokens: TokenCounter) -> Trimmed:

@@ -35,7 +35,7 @@ from gateway.pipeline import Pipeline
 from gateway.policy import Endpoint
 from gateway.policy.schema import LimitsSpec
 from gateway.request_context import Charges, RequestContext
-from gateway.responses.compaction import Compactions, compact
+from gateway.responses.compaction import Compactions, compact, compact_past
 from gateway.responses.convert import (
     chat_body,
     developer_item,
@@ -104,6 +104,7 @@ class ResponsesService:
         if store and self._stored is not None:  # its session turn is checked too, if kept
             await self._stored.admit(tenant)
         session, messages, tools = await self._conversation(request, limits, tenant, branch=store)
+        messages, compacted = await self._compacted_if_due(request, messages, tenant)
         stream = bool(request.get("stream"))
         body = chat_body(request, messages, stream, tools)
         context = RequestContext(
@@ -132,7 +133,7 @@ class ResponsesService:
                 await self._records.put(response_id, kept, tenant=tenant)
 
         if served.stream is not None:  # relayed, or replayed after checks
-            events = ResponseEvents(response_id, request, created_at, keep, tools)
+            events = ResponseEvents(response_id, request, created_at, keep, tools, compacted)
             return replace(served, stream=ConvertedStream(events, served.stream))
         completion = served.completion()
         choice = (completion.get("choices") or [{}])[0]
@@ -141,7 +142,7 @@ class ResponsesService:
             request,
             status="completed",
             created_at=created_at,
-            output=output_items(response_id, choice.get("message") or {}, tools),
+            output=[*compacted, *output_items(response_id, choice.get("message") or {}, tools)],
             usage=usage_of(completion.get("usage")),
             finish_reason=choice.get("finish_reason"),
         )
@@ -190,15 +191,12 @@ class ResponsesService:
             raise InvalidRequest("Compaction needs the state store.", code="unsupported")
         _, messages, _ = await self._conversation(request, settings.limits, tenant, branch=False)
         spec = settings.trimming
-        if spec.tokenizer not in self._counters:
-            self._counters[spec.tokenizer] = token_counter(spec.tokenizer)
-        trimmed = compact(messages, spec, self._counters[spec.tokenizer])
+        trimmed = compact(messages, spec, self._counter(spec.tokenizer))
         start = prefix_length(trimmed.messages)
         content = await self._compactions.put(tenant, trimmed.messages[start:])
         own = 1 if request.get("instructions") else 0  # the instructions: sent every time
         output = [developer_item(m) for m in trimmed.messages[own:start]]
-        output.append({"type": "compaction", "id": f"cmp_{content[-32:]}",
-                       "encrypted_content": content})  # fmt: skip
+        output.append(_compaction_item(content))
         log.info(
             "compacted %d messages to %d (%d history tokens, %d saved)",
             len(messages), len(trimmed.messages), trimmed.history_tokens, trimmed.saved_tokens,
@@ -214,6 +212,40 @@ class ResponsesService:
             "usage": usage_of(usage),
         }
         return Served({}, orjson.dumps(compacted))
+
+    async def _compacted_if_due(
+        self, request: dict[str, Any], messages: list[Message], tenant: str
+    ) -> tuple[list[Message], list[dict[str, Any]]]:
+        """Server-side compaction, where `context_management` asks for it: past its
+        threshold (the policy's trimming high-water mark when it names none), the
+        conversation as the engine gets it compacted, and the compaction item the
+        response's output starts with; else the conversation as it is, and no item."""
+        threshold = _compact_threshold(request.get("context_management"))
+        if threshold is None:
+            return messages, []
+        if self._compactions is None:
+            raise InvalidRequest(
+                "Compaction needs the state store.",
+                param="context_management",
+                code="unsupported",
+            )
+        spec = self._tenants.of(tenant).trimming
+        limit = spec.high_water_tokens if threshold is _POLICY_THRESHOLD else threshold
+        trimmed = compact_past(messages, limit, spec, self._counter(spec.tokenizer))
+        if trimmed is None or trimmed.messages == messages:
+            return messages, []
+        start = prefix_length(trimmed.messages)
+        content = await self._compactions.put(tenant, trimmed.messages[start:])
+        log.info(
+            "compacted past %d tokens: %d messages to %d (%d saved)",
+            limit, len(messages), len(trimmed.messages), trimmed.saved_tokens,
+        )  # fmt: skip
+        return trimmed.messages, [_compaction_item(content)]
+
+    def _counter(self, tokenizer: str | None) -> TokenCounter:
+        if tokenizer not in self._counters:
+            self._counters[tokenizer] = token_counter(tokenizer)
+        return self._counters[tokenizer]
 
     async def _conversation(
         self, request: dict[str, Any], limits: LimitsSpec, tenant: str, *, branch: bool
@@ -362,6 +394,50 @@ def _check_text_schema(text: dict[str, Any] | None) -> None:
         schema = text_format.get("schema")
         if isinstance(schema, dict):
             client_schema(schema, "text.format.schema")
+
+
+def _compaction_item(content: str) -> dict[str, Any]:
+    return {"type": "compaction", "id": f"cmp_{content[-32:]}", "encrypted_content": content}
+
+
+# `compact_threshold: null`: the policy's trimming high-water mark
+_POLICY_THRESHOLD = -1
+
+
+def _compact_threshold(entries: Any) -> int | None:
+    """The token threshold a request's `context_management` sets for compaction
+    (`_POLICY_THRESHOLD` where it names none); None when it asks for no compaction. Any
+    other entry is refused: dropped, what it asks for would silently not happen."""
+    if entries is None:
+        return None
+    if not isinstance(entries, list) or not entries:
+        raise InvalidRequest(
+            "`context_management` must be a non-empty list of entries.",
+            param="context_management",
+            code="invalid_type",
+        )
+    threshold = None
+    for i, entry in enumerate(entries):
+        param = f"context_management[{i}]"
+        kind = entry.get("type") if isinstance(entry, dict) else None
+        if kind != "compaction":
+            raise InvalidRequest(
+                "The only context management entry is `{type: compaction, compact_threshold}`.",
+                param=f"{param}.type",
+                code="unsupported_value",
+            )
+        value = entry.get("compact_threshold")
+        if value is None:
+            threshold = _POLICY_THRESHOLD if threshold is None else threshold
+            continue
+        if type(value) is not int or value < 1000:
+            raise InvalidRequest(
+                "`compact_threshold` must be an integer of at least 1000, or null.",
+                param=f"{param}.compact_threshold",
+                code="invalid_value",
+            )
+        threshold = value if threshold in (None, _POLICY_THRESHOLD) else min(threshold, value)
+    return threshold
 
 
 def _input_of(request: dict[str, Any]) -> Any:

@@ -11,7 +11,7 @@ included (gateway/chat/conformance.py), becomes an `error` event, and the stream
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import orjson
@@ -38,14 +38,18 @@ class ResponseEvents:
         created_at: int,
         on_complete: Callable[[dict[str, Any]], Awaitable[None]],
         tools: EngineTools = NO_TOOLS,
+        leading: Sequence[dict[str, Any]] = (),
     ) -> None:
+        """`leading`: output items made before the engine was asked (a server-side
+        compaction's item), sent first, whole."""
         self._id = response_id
+        self._leading = list(enumerate(leading))
         self._tools = tools
         self._request = request
         self._created_at = created_at
         self._on_complete = on_complete
         self._sequence = 0
-        self._outputs = 0
+        self._outputs = len(self._leading)
         self._text: list[str] = []
         self._message_index: int | None = None
         self._reasoning: list[str] = []  # the engine's reasoning (with a reasoning parser)
@@ -73,6 +77,9 @@ class ResponseEvents:
     async def convert(self, chat_events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         yield self._event("response.created", response=self._response("in_progress", []))
         yield self._event("response.in_progress", response=self._response("in_progress", []))
+        for index, item in self._leading:
+            yield self._event("response.output_item.added", output_index=index, item=item)
+            yield self._event("response.output_item.done", output_index=index, item=item)
         async for raw in chat_events:
             for chunk in chunks_of(raw):
                 if chunk is DONE:
@@ -249,7 +256,7 @@ class ResponseEvents:
 
     async def _finish(self) -> list[bytes]:
         events, reasoning = self._reasoning_done()
-        output: list[tuple[int, dict[str, Any]]] = []
+        output: list[tuple[int, dict[str, Any]]] = list(self._leading)
         if reasoning is not None and self._reasoning_index is not None:
             output.append((self._reasoning_index, reasoning))
         if self._message_index is not None:

@@ -10,6 +10,10 @@ schema made only of the keywords below is compiled to plain Python checks (p99 u
 checks cannot judge exactly, goes to the bounded validator as before. The verdicts of
 both agree on every tau-bench and BFCL call, clean and with seeded faults
 (tests/unit/toolcalls/test_arguments_schema.py compares them).
+
+One keyword is the gateway's own: `x-grammar`, a Lark grammar a custom tool's input must
+follow (gateway/chat/custom_tools.py), which only the plain checks apply (JSON Schema has
+no such keyword, so the bounded validator takes it for an annotation).
 """
 
 from __future__ import annotations

@@ -147,6 +147,10 @@ class Trimmer:
     def history_tokens(self, messages: list[Message]) -> int:
         return self._history_tokens(messages, prefix_length(messages))
 
+    def rendered_tokens(self, messages: list[Message]) -> int:
+        """The whole conversation's tokens, its leading system messages included."""
+        return self._history_tokens(messages, 0)
+
     def _analyse(self, messages: list[Message]) -> _Analysis:
         results = tool_results(messages)
         snapshots: dict[int, Snapshot] = {}

@@ -64,6 +64,56 @@ async def test_an_agents_sdk_agent_continues_from_its_previous_response(
     await client.close()
 
 
+async def test_an_agents_sdk_agent_s_context_is_compacted_server_side(gateway: Gateway) -> None:
+    """The Agents SDK's `context_management` (OpenAI's server-side compaction): a history
+    past the threshold reaches vLLM compacted, the response's output starts with the
+    compaction item, and the next turn by `previous_response_id` goes on from the
+    compacted conversation."""
+    set_tracing_disabled(True)
+    client = openai.AsyncOpenAI(base_url=gateway.v1, api_key="unused", max_retries=0)
+    settings = ModelSettings(
+        max_tokens=32,
+        temperature=0,
+        context_management=[{"type": "compaction", "compact_threshold": 1000}],
+    )
+    agent = Agent(
+        name="booking",
+        instructions=SYSTEM,
+        model=OpenAIResponsesModel(model="tiny", openai_client=client),
+        output_type=Reply,
+        model_settings=settings,
+    )
+    history: list[Any] = []
+    for i in range(8):
+        history += [
+            {"role": "user", "content": f"Earlier question {i}: " + "my booking details " * 60},
+            {"role": "assistant", "content": f"Noted, booking {i}."},
+        ]
+    first = await Runner.run(agent, [*history, {"role": "user", "content": "Change my flight"}])
+    second = await Runner.run(agent, "And my seat", previous_response_id=first.last_response_id)
+    assert second.last_response_id
+    async with httpx.AsyncClient(timeout=30) as http:
+        stored = (await http.get(f"{gateway.v1}/responses/{first.last_response_id}")).json()
+        assert stored["output"][0]["type"] == "compaction"
+        session = first.last_response_id
+        turns = [
+            (await http.get(f"{gateway.v1}/sessions/{session}/checkpoints/{n}")).json()
+            for n in (1, 2)
+        ]
+    for turn in turns:  # both turns sent the compacted conversation, not the history
+        texts = [text_of(m.get("content")) for m in turn["engine_request"]["messages"]]
+        assert any(t.startswith("[Earlier turns, compacted") for t in texts)
+        assert not any(t.startswith("Earlier question 0") for t in texts)
+    await client.close()
+
+
+def text_of(content: Any) -> str:
+    """A chat message's text, whether its content is a string or a list of parts."""
+    if isinstance(content, list):
+        return "".join(str(part.get("text", "")) for part in content)
+    return str(content)
+
+
 def test_a_streamed_response_with_the_openai_sdk(gateway: Gateway) -> None:
     client = openai.OpenAI(base_url=gateway.v1, api_key="unused", max_retries=0, timeout=120)
     events = list(

@@ -258,6 +258,72 @@ def test_compaction_folds_the_history_and_its_item_is_hydrated_the_same_every_tu
     assert len(orjson.dumps(messages)) < len(orjson.dumps(LONG_TURNS))
 
 
+def compacted_block(engine_body: dict[str, Any]) -> str:
+    """The text of the first message the engine was sent after the instructions: the
+    compacted block, where compaction ran."""
+    first = next(m for m in engine_body["messages"] if m["role"] != "system")
+    block = first["content"]
+    return block if isinstance(block, str) else str(block[0]["text"])
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_context_management_compacts_past_its_threshold_and_the_chain_goes_on_compacted(
+    redis_url: str, gateways: OpenGateways, stream: bool
+) -> None:
+    """OpenAI's server-side compaction (`context_management`, as the Agents SDK and
+    LangChain send it): past the threshold the engine gets the compacted conversation,
+    the output starts with the compaction item, and the next turn by
+    `previous_response_id` continues from the compacted conversation."""
+    client, fake = open_gateway(gateways, redis_url, COMPACTING)
+    sdk = openai.OpenAI(base_url="http://testserver/v1", api_key="x", http_client=client)
+    asked: Any = {"model": "tiny", "instructions": "You are Codex.", "input": LONG_TURNS,
+                  "tools": [EXEC, AGENTS], "context_management": [{"type": "compaction",
+                                                           "compact_threshold": None}]}  # fmt: skip
+    if stream:
+        events = [
+            e.model_dump(exclude_unset=True) for e in sdk.responses.create(**asked, stream=True)
+        ]
+        added = [e["item"]["type"] for e in events if e["type"] == "response.output_item.added"]
+        assert added[0] == "compaction"
+        first = events[-1]["response"]
+    else:
+        first = sdk.responses.create(**asked).model_dump(exclude_unset=True)
+    assert violations("Response", first) == []
+    item = first["output"][0]
+    assert item["type"] == "compaction" and item["encrypted_content"].startswith("agw-")
+    assert compacted_block(sent(fake)).startswith("[Earlier turns, compacted")
+    assert len(fake.calls[-1].body) < len(orjson.dumps(LONG_TURNS))
+    # by previous_response_id: the compacted conversation, the reply, then the new input
+    follow = sdk.responses.create(
+        model="tiny", input="and order 9?", previous_response_id=first["id"]
+    )
+    assert follow.status == "completed"
+    assert compacted_block(sent(fake)).startswith("[Earlier turns, compacted")
+    assert sent(fake)["messages"][-1] == {"role": "user", "content": "and order 9?"}
+
+
+def test_context_management_under_its_threshold_changes_nothing_and_bad_entries_are_a_400(
+    redis_url: str, gateways: OpenGateways
+) -> None:
+    client, fake = open_gateway(gateways, redis_url, COMPACTING)
+    plenty = [{"type": "compaction", "compact_threshold": 1_000_000}]
+    body = {"model": "tiny", "input": LONG_TURNS, "tools": [EXEC, AGENTS]}
+    answer = client.post("/v1/responses", json={**body, "context_management": plenty})
+    assert answer.status_code == 200, answer.text
+    assert [i["type"] for i in answer.json()["output"]] == ["reasoning", "function_call"]
+    assert len(sent(fake)["messages"]) == 6 * 4  # every turn as it came
+    for entries, param in (
+        ([{"type": "truncation"}], "context_management[0].type"),
+        (
+            [{"type": "compaction", "compact_threshold": 10}],
+            "context_management[0].compact_threshold",
+        ),
+        ([], "context_management"),
+    ):
+        refused = client.post("/v1/responses", json={**body, "context_management": entries})
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == param
+
+
 @pytest.mark.parametrize(
     "content",
     ["agw-compaction-v1:" + "0" * 32, "agw-compaction-v1:../../x", "gAAAAB-openai-encrypted"],
