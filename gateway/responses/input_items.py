@@ -11,7 +11,8 @@ the latest items of a 300-turn conversation reads a few records, not 300.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,7 +88,9 @@ def page_of(query: Mapping[str, str], include: Sequence[str]) -> Page:
 ReadRecord = Callable[[str], Awaitable[dict[str, Any] | None]]
 
 
-async def newest_first(record: dict[str, Any], read: ReadRecord) -> AsyncIterator[dict[str, Any]]:
+async def newest_first(
+    record: dict[str, Any], read: ReadRecord
+) -> AsyncGenerator[dict[str, Any], None]:
     """The chain's items, newest first, read back record by record; it ends where a record
     was deleted or expired, or after MAX_CHAIN responses."""
     for item in reversed(record.get("input") or ()):
@@ -113,12 +116,13 @@ async def listing(record: dict[str, Any], read: ReadRecord, page: Page) -> dict[
         chain = _replayed(oldest_first)
     items: list[dict[str, Any]] = []
     found = page.after is None
-    async for item in chain:  # read only as far as the page reaches
-        if found:
-            items.append(item)
-            if len(items) > page.limit:
-                break
-        found = found or item.get("id") == page.after
+    async with aclosing(chain):
+        async for item in chain:  # read only as far as the page reaches
+            if found:
+                items.append(item)
+                if len(items) > page.limit:
+                    break
+            found = found or item.get("id") == page.after
     if not found:
         raise InvalidRequest(
             f"No input item with id '{page.after}' in this response.",
@@ -135,7 +139,7 @@ async def listing(record: dict[str, Any], read: ReadRecord, page: Page) -> dict[
     }
 
 
-async def _replayed(items: list[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
+async def _replayed(items: list[dict[str, Any]]) -> AsyncGenerator[dict[str, Any], None]:
     for item in items:
         yield item
 
