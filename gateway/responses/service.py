@@ -220,8 +220,9 @@ class ResponsesService:
         threshold (the policy's trimming high-water mark when it names none), the
         conversation as the engine gets it compacted, and the compaction item the
         response's output starts with; else the conversation as it is, and no item."""
-        threshold = _compact_threshold(request.get("context_management"))
-        if threshold is None:
+        spec = self._tenants.of(tenant).trimming
+        limit = _compact_threshold(request.get("context_management"), spec.high_water_tokens)
+        if limit is None:
             return messages, []
         if self._compactions is None:
             raise InvalidRequest(
@@ -229,8 +230,6 @@ class ResponsesService:
                 param="context_management",
                 code="unsupported",
             )
-        spec = self._tenants.of(tenant).trimming
-        limit = spec.high_water_tokens if threshold is _POLICY_THRESHOLD else threshold
         trimmed = compact_past(messages, limit, spec, self._counter(spec.tokenizer))
         if trimmed is None or trimmed.messages == messages:
             return messages, []
@@ -400,14 +399,11 @@ def _compaction_item(content: str) -> dict[str, Any]:
     return {"type": "compaction", "id": f"cmp_{content[-32:]}", "encrypted_content": content}
 
 
-# `compact_threshold: null`: the policy's trimming high-water mark
-_POLICY_THRESHOLD = -1
-
-
-def _compact_threshold(entries: Any) -> int | None:
-    """The token threshold a request's `context_management` sets for compaction
-    (`_POLICY_THRESHOLD` where it names none); None when it asks for no compaction. Any
-    other entry is refused: dropped, what it asks for would silently not happen."""
+def _compact_threshold(entries: Any, default: int) -> int | None:
+    """The token threshold a request's `context_management` sets for compaction (the
+    smallest its entries name; `default` for `compact_threshold: null`); None when it asks
+    for no compaction. Any other entry is refused: dropped, what it asks for would
+    silently not happen."""
     if entries is None:
         return None
     if not isinstance(entries, list) or not entries:
@@ -416,7 +412,7 @@ def _compact_threshold(entries: Any) -> int | None:
             param="context_management",
             code="invalid_type",
         )
-    threshold = None
+    thresholds = []
     for i, entry in enumerate(entries):
         param = f"context_management[{i}]"
         kind = entry.get("type") if isinstance(entry, dict) else None
@@ -427,17 +423,14 @@ def _compact_threshold(entries: Any) -> int | None:
                 code="unsupported_value",
             )
         value = entry.get("compact_threshold")
-        if value is None:
-            threshold = _POLICY_THRESHOLD if threshold is None else threshold
-            continue
-        if type(value) is not int or value < 1000:
+        if value is not None and (type(value) is not int or value < 1000):
             raise InvalidRequest(
                 "`compact_threshold` must be an integer of at least 1000, or null.",
                 param=f"{param}.compact_threshold",
                 code="invalid_value",
             )
-        threshold = value if threshold in (None, _POLICY_THRESHOLD) else min(threshold, value)
-    return threshold
+        thresholds.append(default if value is None else value)
+    return min(thresholds)
 
 
 def _input_of(request: dict[str, Any]) -> Any:
