@@ -119,3 +119,42 @@ def compact(messages: list[Message], spec: TrimmingSpec, tokens: TokenCounter) -
     if tokens_now <= spec.low_water_tokens:
         return Trimmed(list(messages), 0, tokens_now)
     return trimmer.trim(messages, 0, to_send=False)
+
+
+def compaction_item(content: str) -> dict[str, Any]:
+    """The item that stands for a kept compacted conversation (`Compactions.put`)."""
+    return {"type": "compaction", "id": f"cmp_{content[-32:]}", "encrypted_content": content}
+
+
+def compact_threshold(entries: Any, default: int) -> int | None:
+    """The token threshold a request's `context_management` sets for compaction (the
+    smallest its entries name; `default` for `compact_threshold: null`); None when it asks
+    for no compaction. Any other entry is refused: dropped, what it asks for would
+    silently not happen."""
+    if entries is None:
+        return None
+    if not isinstance(entries, list) or not entries:
+        raise InvalidRequest(
+            "`context_management` must be a non-empty list of entries.",
+            param="context_management",
+            code="invalid_type",
+        )
+    thresholds = []
+    for i, entry in enumerate(entries):
+        param = f"context_management[{i}]"
+        kind = entry.get("type") if isinstance(entry, dict) else None
+        if kind != "compaction":
+            raise InvalidRequest(
+                "The only context management entry is `{type: compaction, compact_threshold}`.",
+                param=f"{param}.type",
+                code="unsupported_value",
+            )
+        value = entry.get("compact_threshold")
+        if value is not None and (type(value) is not int or value < 1000):
+            raise InvalidRequest(
+                "`compact_threshold` must be an integer of at least 1000, or null.",
+                param=f"{param}.compact_threshold",
+                code="invalid_value",
+            )
+        thresholds.append(default if value is None else value)
+    return min(thresholds)

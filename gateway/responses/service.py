@@ -35,7 +35,13 @@ from gateway.pipeline import Pipeline
 from gateway.policy import Endpoint
 from gateway.policy.schema import LimitsSpec
 from gateway.request_context import Charges, RequestContext
-from gateway.responses.compaction import Compactions, compact, compact_past
+from gateway.responses.compaction import (
+    Compactions,
+    compact,
+    compact_past,
+    compact_threshold,
+    compaction_item,
+)
 from gateway.responses.convert import (
     chat_body,
     developer_item,
@@ -196,7 +202,7 @@ class ResponsesService:
         content = await self._compactions.put(tenant, trimmed.messages[start:])
         own = 1 if request.get("instructions") else 0  # the instructions: sent every time
         output = [developer_item(m) for m in trimmed.messages[own:start]]
-        output.append(_compaction_item(content))
+        output.append(compaction_item(content))
         log.info(
             "compacted %d messages to %d (%d history tokens, %d saved)",
             len(messages), len(trimmed.messages), trimmed.history_tokens, trimmed.saved_tokens,
@@ -221,7 +227,7 @@ class ResponsesService:
         conversation as the engine gets it compacted, and the compaction item the
         response's output starts with; else the conversation as it is, and no item."""
         spec = self._tenants.of(tenant).trimming
-        limit = _compact_threshold(request.get("context_management"), spec.high_water_tokens)
+        limit = compact_threshold(request.get("context_management"), spec.high_water_tokens)
         if limit is None:
             return messages, []
         if self._compactions is None:
@@ -239,7 +245,7 @@ class ResponsesService:
             "compacted past %d tokens: %d messages to %d (%d saved)",
             limit, len(messages), len(trimmed.messages), trimmed.saved_tokens,
         )  # fmt: skip
-        return trimmed.messages, [_compaction_item(content)]
+        return trimmed.messages, [compaction_item(content)]
 
     def _counter(self, tokenizer: str | None) -> TokenCounter:
         if tokenizer not in self._counters:
@@ -393,44 +399,6 @@ def _check_text_schema(text: dict[str, Any] | None) -> None:
         schema = text_format.get("schema")
         if isinstance(schema, dict):
             client_schema(schema, "text.format.schema")
-
-
-def _compaction_item(content: str) -> dict[str, Any]:
-    return {"type": "compaction", "id": f"cmp_{content[-32:]}", "encrypted_content": content}
-
-
-def _compact_threshold(entries: Any, default: int) -> int | None:
-    """The token threshold a request's `context_management` sets for compaction (the
-    smallest its entries name; `default` for `compact_threshold: null`); None when it asks
-    for no compaction. Any other entry is refused: dropped, what it asks for would
-    silently not happen."""
-    if entries is None:
-        return None
-    if not isinstance(entries, list) or not entries:
-        raise InvalidRequest(
-            "`context_management` must be a non-empty list of entries.",
-            param="context_management",
-            code="invalid_type",
-        )
-    thresholds = []
-    for i, entry in enumerate(entries):
-        param = f"context_management[{i}]"
-        kind = entry.get("type") if isinstance(entry, dict) else None
-        if kind != "compaction":
-            raise InvalidRequest(
-                "The only context management entry is `{type: compaction, compact_threshold}`.",
-                param=f"{param}.type",
-                code="unsupported_value",
-            )
-        value = entry.get("compact_threshold")
-        if value is not None and (type(value) is not int or value < 1000):
-            raise InvalidRequest(
-                "`compact_threshold` must be an integer of at least 1000, or null.",
-                param=f"{param}.compact_threshold",
-                code="invalid_value",
-            )
-        thresholds.append(default if value is None else value)
-    return min(thresholds)
 
 
 def _input_of(request: dict[str, Any]) -> Any:
