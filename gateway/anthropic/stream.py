@@ -3,7 +3,8 @@
 `message_start` (the message, empty) and a `ping` first; then each content block in turn:
 `content_block_start`, its `content_block_delta`s (`thinking_delta`, `text_delta`, or a
 tool call's arguments as one `input_json_delta`), `content_block_stop`; when the engine's
-stream ends, `message_delta` with the stop reason and the usage, then `message_stop`. The
+stream ends, `message_delta` with the stop reason and the usage (and, for a request with
+context edits, what they cleared), then `message_stop`. The
 usage is known only at the end (the engine's last chunk), so `message_start` counts zero
 and `message_delta` carries every count (Anthropic's SDKs take its input and cache counts
 too). A tool call's block starts as soon as the engine names the tool, but its arguments
@@ -27,8 +28,16 @@ from gateway.errors import anthropic_error_type
 
 
 class MessageEvents:
-    def __init__(self, message_id: str, request: dict[str, Any], *, thinking: bool) -> None:
+    def __init__(
+        self,
+        message_id: str,
+        request: dict[str, Any],
+        *,
+        thinking: bool,
+        applied_edits: list[dict[str, Any]] | None = None,
+    ) -> None:
         self._id = message_id
+        self._applied_edits = applied_edits  # the request's context edits, if it had any
         self._request = request
         self._thinking = thinking
         self._blocks = 0  # content blocks opened so far
@@ -162,11 +171,13 @@ class MessageEvents:
         reason, sequence = stop_reason(
             self._finish_reason, self._engine_stop, self._request, bool(self._calls)
         )
-        payload = {
+        payload: dict[str, Any] = {
             "type": "message_delta",
             "delta": {"stop_reason": reason, "stop_sequence": sequence},
             "usage": usage_of(self._usage),
         }
+        if self._applied_edits is not None:
+            payload["context_management"] = {"applied_edits": self._applied_edits}
         events.append(self._event("message_delta", payload))
         events.append(self._event("message_stop", {"type": "message_stop"}))
         return events

@@ -484,6 +484,48 @@ SCHEMAS: dict[str, Any] = {
                 "required": ["type"],
                 "properties": {"type": {"enum": ["enabled", "disabled", "adaptive"]}},
             },
+            "context_management": {"$ref": "#/components/schemas/AnthropicContextManagement"},
+        },
+    },
+    "AnthropicContextManagement": {
+        "type": "object",
+        "description": "Context editing (gateway/anthropic/context_editing.py): applied by "
+        "the gateway before the engine is asked.",
+        "properties": {
+            "edits": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["type"],
+                    "properties": {
+                        "type": {"enum": ["clear_tool_uses_20250919", "clear_thinking_20251015"]},
+                        "trigger": {"type": "object"},
+                        "keep": {"type": ["object", "string"]},
+                        "clear_at_least": {"type": "object"},
+                        "exclude_tools": {"type": "array", "items": {"type": "string"}},
+                        "clear_tool_inputs": {"type": ["boolean", "array"]},
+                    },
+                },
+            }
+        },
+    },
+    "AnthropicAppliedEdits": {
+        "type": "object",
+        "description": "What the request's context edits cleared.",
+        "required": ["applied_edits"],
+        "properties": {
+            "applied_edits": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["type", "cleared_input_tokens"],
+                    "properties": {
+                        "type": {"type": "string"},
+                        "cleared_tool_uses": {"type": "integer"},
+                        "cleared_input_tokens": {"type": "integer"},
+                    },
+                },
+            }
         },
     },
     "MessageCountTokensRequest": {
@@ -494,6 +536,7 @@ SCHEMAS: dict[str, Any] = {
             "messages": {"$ref": "#/components/schemas/AnthropicMessages"},
             "system": {"type": ["string", "array"]},
             "tools": {"$ref": "#/components/schemas/AnthropicTools"},
+            "context_management": {"$ref": "#/components/schemas/AnthropicContextManagement"},
         },
     },
     "AnthropicMessages": {
@@ -542,12 +585,20 @@ SCHEMAS: dict[str, Any] = {
                     "cache_creation_input_tokens": {"type": "integer"},
                 },
             },
+            "context_management": {"$ref": "#/components/schemas/AnthropicAppliedEdits"},
         },
     },
     "MessageTokensCount": {
         "type": "object",
         "required": ["input_tokens"],
-        "properties": {"input_tokens": {"type": "integer"}},
+        "properties": {
+            "input_tokens": {"type": "integer"},
+            "context_management": {
+                "type": "object",
+                "required": ["original_input_tokens"],
+                "properties": {"original_input_tokens": {"type": "integer"}},
+            },
+        },
     },
     "Status": {
         "type": "object",

@@ -161,6 +161,45 @@ def test_counts_and_prompts_match_vllm_s_own_messages_api(
     assert prompt_tokens(answered.usage.model_dump()) == with_tools.input_tokens
 
 
+def test_context_edits_shrink_the_prompt_the_engine_reads(client: anthropic.Anthropic) -> None:
+    """Claude Code's tool-result clearing (`clear_tool_uses_20250919` as it sends it, with
+    `clear_thinking_20251015`): the engine reads the edited history, as vLLM's own counts
+    show, and `count_tokens` reports both counts."""
+    history: Any = [{"role": "user", "content": "Weather in three cities?"}]
+    for i, city in enumerate(("Oslo", "Bergen", "Tromso")):
+        history += [
+            {"role": "assistant", "content": [
+                {"type": "thinking", "thinking": "Next city.", "signature": ""},
+                {"type": "tool_use", "id": f"toolu_{i}", "name": "get_weather",
+                 "input": {"city": city}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"toolu_{i}",
+                                          "content": f"{city}: " + "rain, 12C. " * 60}]},
+        ]  # fmt: skip
+    edits: Any = {"edits": [
+        {"type": "clear_thinking_20251015", "keep": "all"},
+        {"type": "clear_tool_uses_20250919", "trigger": {"type": "tool_uses", "value": 2},
+         "keep": {"type": "tool_uses", "value": 1},
+         "clear_at_least": {"type": "input_tokens", "value": 100}},
+    ]}  # fmt: skip
+    request: dict[str, Any] = {"model": "tiny", "messages": history, "tools": [WEATHER]}
+    whole = client.messages.create(**request, max_tokens=4)
+    edited = client.beta.messages.create(
+        **request, max_tokens=4, context_management=edits, betas=["context-management-2025-06-27"]
+    )
+    assert edited.context_management is not None
+    (applied,) = edited.context_management.applied_edits
+    assert applied.type == "clear_tool_uses_20250919" and applied.cleared_tool_uses == 2
+    read_whole = prompt_tokens(whole.usage.model_dump())
+    read_edited = prompt_tokens(edited.usage.model_dump())
+    assert read_edited < read_whole - 200  # two results of about 150 tokens each, gone
+    counted = client.beta.messages.count_tokens(
+        **request, context_management=edits, betas=["context-management-2025-06-27"]
+    )
+    assert counted.input_tokens == read_edited
+    assert counted.context_management is not None
+    assert counted.context_management.original_input_tokens == read_whole
+
+
 def prompt_tokens(usage: dict[str, Any]) -> int:
     """Anthropic's three input counts add up to the prompt."""
     parts = ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
