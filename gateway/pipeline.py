@@ -135,6 +135,11 @@ class Pipeline:
             return await self._deliver(call, await self._checked(call))
         return await self._deliver(call, await self._send(call))
 
+    def check(self, endpoint: Endpoint, body: dict[str, Any], context: RequestContext) -> None:
+        """Refuses a request this caller may not make (its shape, limits and model), as
+        `handle` would, for an answer the gateway gives without an engine."""
+        self._parse(endpoint, body, context)
+
     async def count_tokens(self, body: dict[str, Any], context: RequestContext) -> int:
         """How many prompt tokens the engine would see for this chat request: its own
         tokenizer and chat template, asked (`POST /tokenize`) on the replica the request

@@ -288,6 +288,7 @@ def build_runtime(policy: Policy, services: Services, previous: Runtime | None =
             else None
         ),
     )
+    compactions = Compactions(redis, ttl_s=policy.sessions.ttl_s, stored=stored)
     return Runtime(
         policy=policy,
         fleet=fleet,
@@ -303,11 +304,11 @@ def build_runtime(policy: Policy, services: Services, previous: Runtime | None =
             pipeline,
             checkpoints,
             RedisResponseRecords(redis, ttl_s=policy.sessions.ttl_s, stored=stored),
-            compactions=Compactions(redis, ttl_s=policy.sessions.ttl_s, stored=stored),
+            compactions=compactions,
             tenants=tenants,
             stored=stored,
         ),
-        messages=MessagesService(pipeline, tenants=tenants),
+        messages=MessagesService(pipeline, tenants=tenants, compactions=compactions),
         approvals=approvals,
         tenants=tenants,
         stored_bytes=stored,

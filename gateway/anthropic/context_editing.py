@@ -11,8 +11,8 @@ the edited one, and the answer says what was cleared (`context_management.applie
 - `clear_thinking_20251015`: accepted and checked; it never changes what the engine is
   sent, because no thinking block of a history is replayed to the engine at all
   (gateway/anthropic/convert.py), so it is never reported as applied.
-- `compact_20260112` (a model-written summary) is refused with a 400 rather than dropped:
-  what it asks for would silently not happen.
+- `compact_20260112`: compaction on the gateway's trimming (gateway/anthropic/compaction.py),
+  parsed here and run by the Messages service.
 
 Edits are a function of the request alone, so the same history is edited the same way on
 every turn (the engine's prefix cache keeps hitting up to the oldest result newly cleared;
@@ -30,6 +30,7 @@ from typing import Any, Literal
 
 import orjson
 
+from gateway.anthropic.compaction import COMPACT, Compact, compact_edit
 from gateway.chat.messages import Message
 from gateway.errors import InvalidRequest
 from gateway.trimming.tokens import TokenCounter, message_text
@@ -59,7 +60,7 @@ class ClearThinking:
     keep: int | None  # turns whose thinking is kept; None: all
 
 
-Edit = ClearToolUses | ClearThinking
+Edit = ClearToolUses | ClearThinking | Compact
 
 
 def parse_edits(value: Any) -> tuple[Edit, ...] | None:
@@ -92,16 +93,13 @@ def parse_edits(value: Any) -> tuple[Edit, ...] | None:
                     param=f"{param}.type",
                 )
             parsed.append(ClearThinking(_thinking_keep(edit.get("keep", None), param)))
-        elif kind == "compact_20260112":
-            raise InvalidRequest(
-                "Server-side compaction (`compact_20260112`) is not supported by this "
-                f"gateway; `{CLEAR_TOOL_USES}` and `{CLEAR_THINKING}` are.",
-                param=f"{param}.type",
-            )
+        elif kind == COMPACT:
+            assert isinstance(edit, dict)
+            parsed.append(compact_edit(edit, param))
         else:
             raise InvalidRequest(
                 f"Unknown context management edit `{kind}`: this gateway applies "
-                f"`{CLEAR_TOOL_USES}` and `{CLEAR_THINKING}`.",
+                f"`{CLEAR_TOOL_USES}`, `{CLEAR_THINKING}` and `{COMPACT}`.",
                 param=f"{param}.type",
             )
     return tuple(parsed)
@@ -201,7 +199,8 @@ def apply_edits(
     edits: tuple[Edit, ...], messages: list[Message], tools: Any, tally: Tally
 ) -> Edited:
     """The chat conversation (gateway/anthropic/convert.py's) with `edits` applied in order,
-    and what each applied edit cleared. The messages given are not changed."""
+    and what each applied edit cleared. The messages given are not changed. Compaction is
+    not applied here: it keeps state (gateway/anthropic/compaction.py)."""
     applied: list[dict[str, Any]] = []
     for edit in edits:
         if isinstance(edit, ClearToolUses):

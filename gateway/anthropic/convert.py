@@ -55,6 +55,11 @@ class ChatRequest:
     dropped_tools: tuple[str, ...]  # tools the engine cannot run, left out
     thinking: bool  # the client asked for thinking blocks
     conversation: str | None  # the client's own conversation id (Claude Code's session)
+    # The last `compaction` block of the history (its `content` and `encrypted_content`):
+    # everything before it was left out, and the conversation it stands for goes at
+    # `compacted_at` of the messages (gateway/anthropic/compaction.py puts it there).
+    compaction: dict[str, Any] | None = None
+    compacted_at: int = 0
 
 
 def chat_request(
@@ -71,7 +76,14 @@ def chat_request(
     turns = request.get("messages")
     if not isinstance(turns, list):
         raise InvalidRequest("`messages` must be a list.", param="messages")
-    for i, turn in enumerate(turns):
+    first, compaction = _after_compaction(turns)
+    compacted_at = len(messages)
+    for i in range(first, len(turns)):
+        turn = turns[i]
+        if compaction is not None and i == first:  # the blocks after the compaction block
+            turn = {**turn, "content": turn["content"][compaction["block"] + 1 :]}
+            if not turn["content"]:
+                continue
         messages += _chat_messages(turn, f"messages.{i}")
     body: dict[str, Any] = {"model": request["model"], "messages": messages}
     body["max_tokens"] = request["max_tokens"]
@@ -106,7 +118,36 @@ def chat_request(
     if request.get("stream"):
         body["stream"] = True
         body["stream_options"] = {"include_usage": True}
-    return ChatRequest(body, dropped, _thinking(request.get("thinking")), conversation)
+    thinking = _thinking(request.get("thinking"))
+    if compaction is None:
+        return ChatRequest(body, dropped, thinking, conversation)
+    kept = {k: compaction[k] for k in ("content", "encrypted_content")}
+    return ChatRequest(body, dropped, thinking, conversation, kept, compacted_at)
+
+
+def _after_compaction(turns: list[Any]) -> tuple[int, dict[str, Any] | None]:
+    """Where the history starts: at its last `compaction` block, as Anthropic's API drops
+    every block before one (the block stands for them); at the start if it has none. A block
+    whose `content` is null (a compaction that failed) stands for nothing and is skipped."""
+    for i in range(len(turns) - 1, -1, -1):
+        turn = turns[i]
+        if not isinstance(turn, dict) or not isinstance(turn.get("content"), list):
+            continue
+        for j in range(len(turn["content"]) - 1, -1, -1):
+            block = turn["content"][j]
+            if not isinstance(block, dict) or block.get("type") != "compaction":
+                continue
+            content = block.get("content")
+            if content is None:
+                continue
+            param = f"messages.{i}.content.{j}"
+            found = {
+                "content": _string(content, f"{param}.content"),
+                "encrypted_content": block.get("encrypted_content"),
+                "block": j,
+            }
+            return i, found
+    return 0, None
 
 
 def _response_format(output_config: Any) -> dict[str, Any] | None:
@@ -253,8 +294,10 @@ def _assistant(blocks: list[Any], param: str) -> Message:
                     "arguments": json.dumps(arguments),
                 },
             })  # fmt: skip
-        elif kind in ("thinking", "redacted_thinking"):
-            continue  # the engine's own reasoning is not replayed to it
+        elif kind in ("thinking", "redacted_thinking", "compaction"):
+            # the engine's own reasoning is not replayed to it; a compaction block is read
+            # where the history starts (`_after_compaction`), and a failed one is nothing
+            continue
         elif isinstance(kind, str) and (kind in _SERVER_BLOCKS or kind.endswith("_tool_result")):
             continue  # a tool Anthropic ran, in a history from its API: the engine ran none
         else:
@@ -286,6 +329,8 @@ def _user(blocks: list[Any], param: str) -> list[Message]:
             parts.append({"type": "text", "text": _document(block, where)})
         elif kind == "search_result":
             parts.append({"type": "text", "text": _search_result(block, where)})
+        elif kind == "compaction":
+            continue  # read where the history starts (`_after_compaction`)
         else:
             raise InvalidRequest(
                 f"User blocks of type `{kind}` are not supported by this gateway.",

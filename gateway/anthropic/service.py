@@ -20,55 +20,95 @@ from typing import Any
 import orjson
 
 from gateway import headers as gateway_headers
-from gateway.anthropic.answer import message_object
+from gateway.anthropic.answer import message_object, usage_of
+from gateway.anthropic.compaction import Compact, MessageCompactor, compaction_now
 from gateway.anthropic.context_editing import Edit, Tally, apply_edits, parse_edits
 from gateway.anthropic.convert import ChatRequest, chat_request
 from gateway.anthropic.stream import MessageEvents
 from gateway.chat.inbound import check_array_length, check_depth, check_max_tokens, json_object
-from gateway.delivery.served import ConvertedEvents, Served
+from gateway.delivery.served import ConvertedEvents, Replay, Served
 from gateway.errors import InvalidRequest
 from gateway.pipeline import Pipeline
 from gateway.policy import Endpoint
 from gateway.policy.schema import LimitsSpec
 from gateway.request_context import RequestContext
+from gateway.responses.compaction import Compactions
 from gateway.tenants.settings import TenantPolicies
 from gateway.trimming.tokens import token_counter
 
 
 class MessagesService:
-    def __init__(self, pipeline: Pipeline, *, tenants: TenantPolicies | None = None) -> None:
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        *,
+        tenants: TenantPolicies | None = None,
+        compactions: Compactions | None = None,
+    ) -> None:
         self._pipeline = pipeline
         self._tenants = tenants or pipeline.tenants
         self._tallies: dict[str | None, Tally] = {}  # by the trimming tokenizer
+        self._compactor = MessageCompactor(compactions, self._tenants)
 
     async def create(
         self, raw: bytes, context: RequestContext, session_header: str | None = None
     ) -> Served:
         """`context`: as for a chat request. `session_header`: Claude Code's
         `X-Claude-Code-Session-Id`."""
-        limits = self._tenants.of(context.access.name).limits
+        tenant = context.access.name
+        limits = self._tenants.of(tenant).limits
         request = _parse(raw, limits, count=False)
         edits = parse_edits(request.get("context_management"))
+        compact = compaction_now(request.get("compaction")) or next(
+            (edit for edit in edits or () if isinstance(edit, Compact)), None
+        )
         converted = chat_request(request, session_header, refuse_hosted=_refuses(limits))
-        body, applied = converted.body, None
-        if edits is not None:
-            body, applied = self._edited(edits, converted, context.access.name)
+        if compact is not None:  # refused before anything is kept, as the engine call would be
+            self._pipeline.check(Endpoint.chat, converted.body, context)
+        body, applied, block = await self._prepared(converted, edits, compact, tenant)
         message_id = f"msg_{uuid.uuid4().hex}"
+        events = MessageEvents(
+            message_id,
+            request,
+            thinking=converted.thinking,
+            applied_edits=applied,
+            compaction=block,
+        )
+        dropped = gateway_headers.tools_dropped(converted.dropped_tools, context.request_id)
+        if block is not None and compact is not None and compact.pause:
+            return _compaction_only(message_id, request, block, applied, events, dropped)
         served = await self._pipeline.handle(Endpoint.chat, body, context)
-        headers = {
-            **served.headers,
-            **gateway_headers.tools_dropped(converted.dropped_tools, context.request_id),
-        }
+        headers = {**served.headers, **dropped}
         if served.stream is not None:
-            events = MessageEvents(
-                message_id, request, thinking=converted.thinking, applied_edits=applied
-            )
             stream = ConvertedEvents(events.convert, served.stream)
             return replace(served, headers=headers, stream=stream)
         message = message_object(message_id, request, served.completion(), converted.thinking)
+        if block is not None:
+            message["content"].insert(0, block)
         if applied is not None:
             message["context_management"] = {"applied_edits": applied}
         return Served(headers, orjson.dumps(message), parsed=message)
+
+    async def _prepared(
+        self,
+        converted: ChatRequest,
+        edits: tuple[Edit, ...] | None,
+        compact: Compact | None,
+        tenant: str,
+    ) -> tuple[dict[str, Any], list[dict[str, Any]] | None, dict[str, Any] | None]:
+        """The chat body the engine is sent: a sent-back compaction block's conversation put
+        in its place, the context edits applied, and compacted if asked and due; with what
+        the edits cleared and the compaction block the answer starts with."""
+        body = converted.body
+        if converted.compaction is not None:
+            body = await self._compactor.restore(converted, tenant)
+        applied = None
+        if edits is not None:
+            body, applied = self._edited(edits, body, tenant)
+        block = None
+        if compact is not None:
+            body, block = await self._compactor.compact(body, compact, tenant)
+        return body, applied, block
 
     async def count_tokens(
         self, raw: bytes, context: RequestContext, session_header: str | None = None
@@ -82,28 +122,58 @@ class MessagesService:
             refuse_hosted=_refuses(limits),
         )
         headers = gateway_headers.tools_dropped(converted.dropped_tools, context.request_id)
+        tenant = context.access.name
+        body = converted.body
+        if converted.compaction is not None:
+            body = await self._compactor.restore(converted, tenant)
         if edits is None:
-            count = await self._pipeline.count_tokens(converted.body, context)
+            count = await self._pipeline.count_tokens(body, context)
             return Served(headers, orjson.dumps({"input_tokens": count}))
-        body, applied = self._edited(edits, converted, context.access.name)
-        count = await self._pipeline.count_tokens(body, context)
-        original = await self._pipeline.count_tokens(converted.body, context) if applied else count
+        edited, applied = self._edited(edits, body, tenant)
+        count = await self._pipeline.count_tokens(edited, context)
+        original = await self._pipeline.count_tokens(body, context) if applied else count
         counted = {"input_tokens": count, "context_management": {"original_input_tokens": original}}
         return Served(headers, orjson.dumps(counted))
 
     def _edited(
-        self, edits: tuple[Edit, ...], converted: ChatRequest, tenant: str
+        self, edits: tuple[Edit, ...], body: dict[str, Any], tenant: str
     ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         """The chat body with the request's context edits applied
         (gateway/anthropic/context_editing.py), and what they cleared."""
         tokenizer = self._tenants.of(tenant).trimming.tokenizer
         if tokenizer not in self._tallies:
             self._tallies[tokenizer] = Tally(token_counter(tokenizer))
-        body = converted.body
         edited = apply_edits(edits, body["messages"], body.get("tools"), self._tallies[tokenizer])
         if edited.messages is not body["messages"]:
             body = {**body, "messages": edited.messages}
         return body, edited.applied
+
+
+def _compaction_only(
+    message_id: str,
+    request: dict[str, Any],
+    block: dict[str, Any],
+    applied: list[dict[str, Any]] | None,
+    events: MessageEvents,
+    headers: dict[str, str],
+) -> Served:
+    """The answer that is a compaction block alone (`pause_after_compaction`, or the
+    top-level `compaction`): no engine is asked."""
+    if request.get("stream"):
+        return Served(headers, stream=Replay(events.compaction_only()))
+    message = {
+        "id": message_id,
+        "type": "message",
+        "role": "assistant",
+        "model": request["model"],
+        "content": [block],
+        "stop_reason": "compaction",
+        "stop_sequence": None,
+        "usage": usage_of(None),
+    }
+    if applied is not None:
+        message["context_management"] = {"applied_edits": applied}
+    return Served(headers, orjson.dumps(message), parsed=message)
 
 
 def _refuses(limits: LimitsSpec) -> bool:

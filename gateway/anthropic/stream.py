@@ -35,9 +35,11 @@ class MessageEvents:
         *,
         thinking: bool,
         applied_edits: list[dict[str, Any]] | None = None,
+        compaction: dict[str, Any] | None = None,
     ) -> None:
         self._id = message_id
         self._applied_edits = applied_edits  # the request's context edits, if it had any
+        self._compaction = compaction  # the block the answer starts with, if compacted
         self._request = request
         self._thinking = thinking
         self._blocks = 0  # content blocks opened so far
@@ -62,10 +64,55 @@ class MessageEvents:
             "stop_sequence": None,
             "usage": usage_of(None),
         }
-        return [
+        events = [
             self._event("message_start", {"type": "message_start", "message": message}),
             self._event("ping", {"type": "ping"}),
         ]
+        if self._compaction is not None:
+            events += self._compaction_block(self._compaction)
+        return events
+
+    def _compaction_block(self, block: dict[str, Any]) -> list[bytes]:
+        """A compaction block as Anthropic streams one: started empty, its content and
+        `encrypted_content` in one `compaction_delta`."""
+        index = self._blocks
+        self._blocks += 1
+        empty = {"type": "compaction", "content": None, "encrypted_content": None}
+        delta = {
+            "type": "compaction_delta",
+            "content": block["content"],
+            "encrypted_content": block["encrypted_content"],
+        }
+        return [
+            self._event(
+                "content_block_start",
+                {"type": "content_block_start", "index": index, "content_block": empty},
+            ),
+            self._event(
+                "content_block_delta",
+                {"type": "content_block_delta", "index": index, "delta": delta},
+            ),
+            self._event("content_block_stop", {"type": "content_block_stop", "index": index}),
+        ]
+
+    def compaction_only(self) -> list[bytes]:
+        """The whole stream of an answer that is its compaction block alone
+        (`stop_reason: compaction`; no engine was asked)."""
+        return [
+            *self._start(),
+            self._event("message_delta", self._message_delta("compaction", None)),
+            self._event("message_stop", {"type": "message_stop"}),
+        ]
+
+    def _message_delta(self, reason: str, sequence: str | None) -> dict[str, Any]:
+        payload: dict[str, Any] = {
+            "type": "message_delta",
+            "delta": {"stop_reason": reason, "stop_sequence": sequence},
+            "usage": usage_of(self._usage),
+        }
+        if self._applied_edits is not None:
+            payload["context_management"] = {"applied_edits": self._applied_edits}
+        return payload
 
     async def convert(self, chat_events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         for event in self._start():
@@ -171,13 +218,6 @@ class MessageEvents:
         reason, sequence = stop_reason(
             self._finish_reason, self._engine_stop, self._request, bool(self._calls)
         )
-        payload: dict[str, Any] = {
-            "type": "message_delta",
-            "delta": {"stop_reason": reason, "stop_sequence": sequence},
-            "usage": usage_of(self._usage),
-        }
-        if self._applied_edits is not None:
-            payload["context_management"] = {"applied_edits": self._applied_edits}
-        events.append(self._event("message_delta", payload))
+        events.append(self._event("message_delta", self._message_delta(reason, sequence)))
         events.append(self._event("message_stop", {"type": "message_stop"}))
         return events

@@ -485,6 +485,13 @@ SCHEMAS: dict[str, Any] = {
                 "properties": {"type": {"enum": ["enabled", "disabled", "adaptive"]}},
             },
             "context_management": {"$ref": "#/components/schemas/AnthropicContextManagement"},
+            "compaction": {
+                "type": "object",
+                "description": "Compact the conversation now, on the gateway's trimming "
+                "(gateway/anthropic/compaction.py); the answer is the compaction block alone.",
+                "required": ["type"],
+                "properties": {"type": {"const": "summarize"}},
+            },
         },
     },
     "AnthropicContextManagement": {
@@ -498,8 +505,15 @@ SCHEMAS: dict[str, Any] = {
                     "type": "object",
                     "required": ["type"],
                     "properties": {
-                        "type": {"enum": ["clear_tool_uses_20250919", "clear_thinking_20251015"]},
+                        "type": {
+                            "enum": [
+                                "clear_tool_uses_20250919",
+                                "clear_thinking_20251015",
+                                "compact_20260112",
+                            ]
+                        },
                         "trigger": {"type": "object"},
+                        "pause_after_compaction": {"type": "boolean"},
                         "keep": {"type": ["object", "string"]},
                         "clear_at_least": {"type": "object"},
                         "exclude_tools": {"type": "array", "items": {"type": "string"}},
@@ -573,7 +587,9 @@ SCHEMAS: dict[str, Any] = {
             "role": {"const": "assistant"},
             "model": {"type": "string"},
             "content": {"type": "array", "items": {"type": "object"}},
-            "stop_reason": {"enum": ["end_turn", "max_tokens", "stop_sequence", "tool_use"]},
+            "stop_reason": {
+                "enum": ["end_turn", "max_tokens", "stop_sequence", "tool_use", "compaction"]
+            },
             "stop_sequence": {"type": ["string", "null"]},
             "usage": {
                 "type": "object",

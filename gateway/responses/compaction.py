@@ -71,26 +71,39 @@ class Compactions:
             if not isinstance(item, dict) or item.get("type") != "compaction":
                 continue
             param = f"input[{index}].encrypted_content"
-            content = item.get("encrypted_content")
-            ident = content[len(PREFIX) :] if isinstance(content, str) else ""
-            if not (isinstance(content, str) and content.startswith(PREFIX)) or not (
-                len(ident) == 32 and all(c in "0123456789abcdef" for c in ident)
-            ):
+            if not made_here(item.get("encrypted_content")):
                 raise InvalidRequest(
                     "This compaction item was not made by this gateway.", param=param
                 )
-            try:
-                raw = await self._redis.get(compaction_key(tenant, ident))
-            except (aioredis.RedisError, OSError) as exc:
-                raise StateUnavailable(f"The compaction store is unreachable ({exc}).") from None
-            if raw is None:
+            messages = await self.find(tenant, item["encrypted_content"])
+            if messages is None:
                 raise InvalidRequest(
                     "This compaction item is unknown or has expired; send the conversation whole.",
                     param=param,
                     code="compaction_not_found",
                 )
-            found[index] = orjson.loads(raw)
+            found[index] = messages
         return found
+
+    async def find(self, tenant: str, content: str) -> list[Message] | None:
+        """The compacted messages an item's `encrypted_content` names (`made_here`), or
+        None when they are unknown to this tenant or have expired."""
+        try:
+            raw = await self._redis.get(compaction_key(tenant, content[len(PREFIX) :]))
+        except (aioredis.RedisError, OSError) as exc:
+            raise StateUnavailable(f"The compaction store is unreachable ({exc}).") from None
+        if raw is None:
+            return None
+        messages: list[Message] = orjson.loads(raw)
+        return messages
+
+
+def made_here(content: Any) -> bool:
+    """An `encrypted_content` of the form `Compactions.put` returns."""
+    if not isinstance(content, str) or not content.startswith(PREFIX):
+        return False
+    ident = content[len(PREFIX) :]
+    return len(ident) == 32 and all(c in "0123456789abcdef" for c in ident)
 
 
 def compact_past(

@@ -200,6 +200,42 @@ def test_context_edits_shrink_the_prompt_the_engine_reads(client: anthropic.Anth
     assert counted.context_management.original_input_tokens == read_whole
 
 
+def test_compaction_shrinks_the_prompt_and_its_next_turn_reads_it_from_the_cache(
+    client: anthropic.Anthropic,
+) -> None:
+    """`compact_20260112` on the gateway's trimming: the engine reads the compacted
+    conversation, and the next turn, which sends the compaction block back, reads that
+    conversation from the engine's prefix cache."""
+    history: Any = [{"role": "user", "content": "Weather in eight cities?"}]
+    for i in range(8):
+        history += [
+            {"role": "assistant", "content": [
+                {"type": "tool_use", "id": f"toolu_{i}", "name": "get_weather",
+                 "input": {"city": f"city {i}"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"toolu_{i}",
+                                          "content": f"city {i}: " + "rain, 12C. " * 40}]},
+        ]  # fmt: skip
+    request: dict[str, Any] = {"model": "tiny", "system": SYSTEM, "tools": [WEATHER]}
+    edits: Any = {"edits": [{"type": "compact_20260112",
+                             "trigger": {"type": "input_tokens", "value": 1000}}]}  # fmt: skip
+    betas = ["compact-2026-01-12"]
+    whole = client.messages.create(**request, messages=history, max_tokens=4)
+    compacted = client.beta.messages.create(
+        **request, messages=history, max_tokens=4, context_management=edits, betas=betas
+    )
+    assert compacted.content[0].type == "compaction"
+    read = prompt_tokens(compacted.usage.model_dump())
+    assert read < prompt_tokens(whole.usage.model_dump()) * 0.7
+    answer: Any = {"role": "assistant", "content": [
+        b.model_dump(exclude_none=True) for b in compacted.content]}  # fmt: skip
+    turn = [*history, answer, {"role": "user", "content": "And tomorrow?"}]
+    following = client.beta.messages.create(
+        **request, messages=turn, max_tokens=4, context_management=edits, betas=betas
+    )
+    assert following.content[0].type != "compaction"  # under the trigger again
+    assert (following.usage.cache_read_input_tokens or 0) >= read // 2
+
+
 def prompt_tokens(usage: dict[str, Any]) -> int:
     """Anthropic's three input counts add up to the prompt."""
     parts = ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")

@@ -4,7 +4,6 @@ engine is sent, what the answer reports (whole, streamed and counted, through th
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import anthropic
@@ -21,11 +20,10 @@ from gateway.anthropic.context_editing import (
 )
 from gateway.anthropic.convert import chat_request
 from gateway.errors import InvalidRequest
-from gateway.policy import parse_policy
 from gateway.trimming.tokens import ByteEstimate
 from tests.fakes import FakeUpstream
-from tests.unit.anthropic.test_messages_app import WEATHER, engine, sdk, sent
-from tests.unit.clients import TINY_POLICY, OpenGateways
+from tests.unit.anthropic.test_messages_app import sdk, sent
+from tests.unit.anthropic.twin import WEATHER
 
 BETA = ["context-management-2025-06-27"]
 READ: Any = {
@@ -159,7 +157,14 @@ def test_the_same_history_is_edited_the_same_way_every_turn() -> None:
         ({"edits": {}}, "context_management.edits"),
         ({"edits": [], "extra": 1}, "context_management.extra"),
         ({"edits": [{"type": "clear_everything"}]}, "context_management.edits.0.type"),
-        ({"edits": [{"type": "compact_20260112"}]}, "context_management.edits.0.type"),
+        (
+            {"edits": [{"type": "compact_20260112", "instructions": "Keep the numbers."}]},
+            "context_management.edits.0.instructions",
+        ),
+        (
+            {"edits": [{"type": "compact_20260112", "trigger": {"type": "input_tokens", "value": 10}}]},
+            "context_management.edits.0.trigger.value",
+        ),
         (
             {"edits": [{"type": "clear_tool_uses_20250919", "trigger": {"type": "turns", "value": 3}}]},
             "context_management.edits.0.trigger.type",
@@ -197,14 +202,6 @@ def test_the_edits_claude_code_sends_are_taken() -> None:
 
 
 # Through the app and Anthropic's SDK
-
-
-@pytest.fixture
-def app(redis_url: str) -> Iterator[tuple[TestClient, FakeUpstream]]:
-    opened = OpenGateways()
-    policy = parse_policy(TINY_POLICY + f"state: {{redis_url: '{redis_url}'}}\n")
-    yield opened.open(policy, engine)
-    opened.close_all()
 
 
 CLEAR: Any = {"edits": [
@@ -271,11 +268,11 @@ def test_a_bad_edit_is_an_anthropic_400_before_any_engine_is_asked(
 ) -> None:
     client, fake = app
     calls = len(fake.calls)
-    compact: Any = {"edits": [{"type": "compact_20260112"}]}
+    compact: Any = {"edits": [{"type": "compact_20260112", "instructions": "Be terse."}]}
     with pytest.raises(anthropic.BadRequestError) as refused:
         sdk(client).beta.messages.create(
             model="tiny", max_tokens=8, messages=history(1), betas=BETA,
             context_management=compact,
         )  # fmt: skip
-    assert "compact_20260112" in str(refused.value)
+    assert "instructions" in str(refused.value)
     assert len(fake.calls) == calls
