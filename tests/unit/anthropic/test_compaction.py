@@ -8,11 +8,12 @@ from typing import Any
 
 import orjson
 import pytest
+from anthropic import beta_tool
 from starlette.testclient import TestClient
 
 from gateway.responses.compaction import PREFIX
 from tests.fakes import FakeUpstream
-from tests.unit.anthropic.test_context_editing import READ, history
+from tests.unit.anthropic.test_context_editing import READ, chat_messages, history
 from tests.unit.anthropic.test_messages_app import sdk
 
 BETA = ["compact-2026-01-12", "context-management-2025-06-27"]
@@ -171,3 +172,28 @@ def test_an_answer_without_the_engine_is_refused_as_the_engine_s_would_be(
         )
         assert raw.status_code in (400, 404), raw.text
         assert raw.json()["type"] == "error"
+
+
+def test_the_sdk_s_tool_runner_compacts_through_the_gateway(
+    app: tuple[TestClient, FakeUpstream],
+) -> None:
+    """Anthropic's own agent loop (`tool_runner`), asked to compact before its next turn:
+    it takes the block, replaces its history with it, and carries on; the engine reads the
+    folded conversation."""
+    client, fake = app
+
+    @beta_tool
+    def read_file(path: str) -> str:
+        """A file's text."""
+        return path
+
+    turns = history(40)  # past the trimming's low-water mark: there is something to fold
+    runner = sdk(client).beta.messages.tool_runner(
+        model="tiny", max_tokens=64, messages=turns, tools=[read_file]
+    )
+    runner.compact_before_next_turn()
+    reasons = [message.stop_reason for message in runner]
+    assert reasons == ["compaction", "end_turn"]
+    sent = engine_messages(fake)
+    assert len(sent) < len(chat_messages(turns)) // 2
+    assert any("Summarise the repository." in str(m.get("content")) for m in sent)
