@@ -25,6 +25,7 @@ least a byte).
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -175,18 +176,27 @@ class Tally:
         self._counted: dict[bytes, int] = {}
 
     def message(self, message: Message) -> int:
-        key = hashlib.blake2b(orjson.dumps(message), digest_size=16).digest()
+        return self._count(orjson.dumps(message), lambda: message_text(message), _MESSAGE_OVERHEAD)
+
+    def prompt(self, messages: list[Message], tools: Any) -> int:
+        """The whole prompt's: its tools (Claude Code's are about 12,000 tokens, the same
+        on every turn) and its messages."""
+        if tools:
+            raw = orjson.dumps(tools)
+            tool_tokens = self._count(raw, raw.decode, 0)
+        else:
+            tool_tokens = 0
+        return tool_tokens + sum(self.message(m) for m in messages)
+
+    def _count(self, raw: bytes, text: Callable[[], str], overhead: int) -> int:
+        key = hashlib.blake2b(raw, digest_size=16).digest()
         count = self._counted.get(key)
         if count is None:
-            count = self._tokens.count(message_text(message)) + _MESSAGE_OVERHEAD
+            count = self._tokens.count(text()) + overhead
             if len(self._counted) >= _COUNTED_MAX:
                 self._counted.clear()
             self._counted[key] = count
         return count
-
-    def prompt(self, messages: list[Message], tools: Any) -> int:
-        tool_tokens = self._tokens.count(orjson.dumps(tools).decode()) if tools else 0
-        return tool_tokens + sum(self.message(m) for m in messages)
 
 
 @dataclass(frozen=True)
@@ -246,9 +256,11 @@ def _clear(
             isinstance(edit.clear_inputs, frozenset) and name in edit.clear_inputs
         ):
             edited[message_at] = _without_input(edited[message_at], call_at)
-    if edited == messages:
+    changed = [i for i, message in enumerate(edited) if message is not messages[i]]
+    if not changed:
         return messages, None
-    saved = sum(tally.message(m) for m in messages) - sum(tally.message(m) for m in edited)
+    # only what changed is counted: under a `tool_uses` trigger the rest is never tokenized
+    saved = sum(tally.message(messages[i]) - tally.message(edited[i]) for i in changed)
     if edit.clear_at_least is not None and saved < edit.clear_at_least:
         return messages, None
     report = {

@@ -115,6 +115,27 @@ def test_a_tool_uses_trigger_excluded_tools_and_cleared_inputs() -> None:
     assert apply_edits(edits, chat_messages(history(3)), None, Tally(ByteEstimate())).applied == []
 
 
+def test_a_tool_uses_trigger_tokenizes_only_what_it_clears() -> None:
+    """Claude Code's edit (a `tool_uses` trigger): a 195K-token history is not tokenized
+    whole every turn, only the results cleared and their placeholders."""
+    counted: list[str] = []
+
+    class Recording(ByteEstimate):
+        def count(self, text: str) -> int:
+            counted.append(text)
+            return super().count(text)
+
+    messages = chat_messages(history(6))
+    edits = parse_edits({"edits": [{
+        "type": "clear_tool_uses_20250919", "trigger": {"type": "tool_uses", "value": 4}}]})  # fmt: skip
+    assert edits is not None
+    edited = apply_edits(edits, messages, None, Tally(Recording()))
+    assert edited.applied[0]["cleared_tool_uses"] == 3
+    assert sorted(counted) == sorted(
+        [f"tool\n{i}" + f"{i}" * 399 for i in range(3)] + [f"tool\n{CLEARED_RESULT}"] * 3
+    )
+
+
 def test_clear_at_least_leaves_the_prompt_whole_when_clearing_would_save_less() -> None:
     messages = chat_messages(history(5, size=40))
     edit: dict[str, Any] = {
