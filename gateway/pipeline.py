@@ -10,7 +10,6 @@ the HTTP layer renders it (gateway/api/inference.py).
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -25,14 +24,11 @@ from gateway.delivery.relay import StreamRelay
 from gateway.delivery.served import Served
 from gateway.delivery.whole import Answer, read_answer
 from gateway.errors import (
-    ContextLengthExceeded,
-    GatewayError,
     ModelNotFound,
-    NoHealthyReplica,
     OutputCheckFailed,
-    Overloaded,
     UpstreamError,
 )
+from gateway.fallback_steps import CANNOT_ANSWER, FallbackSteps
 from gateway.fleet.replicas import Fleet, Pool, UnservedModel
 from gateway.policy import Endpoint, Policy
 from gateway.prompt.prefix_watch import FingerprintStore
@@ -41,7 +37,6 @@ from gateway.quota.service import Quota
 from gateway.request_context import RequestContext
 from gateway.resilience.dispatcher import Dispatch, Dispatcher, SlotOutcome
 from gateway.resilience.response_cache import ResponseCache, cache_key
-from gateway.routing.costs import RouteRequest
 from gateway.routing.router import ReplicaChoice, Router
 from gateway.session_steps import Checkpointer, SessionSteps
 from gateway.sessions.turns import SessionTurns
@@ -58,11 +53,6 @@ from gateway.toolcalls.tool_choice import AS_SENT, declared_names, read_tool_cho
 from gateway.upstream.client import Upstream
 
 log = logging.getLogger(__name__)
-
-# What makes a pool unable to answer, so that a fallback is tried: nothing reached the
-# client yet. No replica could take it, the engines failed, or their window cannot hold its
-# prompt (a larger one can); an engine's other 4xx are the client's to fix, passed on.
-_CANNOT_ANSWER = (NoHealthyReplica, Overloaded, UpstreamError, ContextLengthExceeded)
 
 
 class Pipeline:
@@ -103,6 +93,8 @@ class Pipeline:
         # Fields each alias's requests get when they lack them (`models.<alias>.defaults`).
         self._defaults = {alias: m.defaults for alias, m in policy.models.items() if m.defaults}
         self._dispatcher = dispatcher or Dispatcher(policy, router, upstream, metrics)
+        # A pool that cannot answer: a wider window, then the model's fallbacks.
+        self._fallbacks = FallbackSteps(self._tiers, self._dispatcher, metrics)
         self._prefix_steps = PrefixSteps(
             policy.routing, policy.canonicalize, policy.models, fingerprints, metrics
         )
@@ -291,8 +283,8 @@ class Pipeline:
         request = call.request
         answer_key = cache_key(request.body) if self._response_cache is not None else None
         try:
-            choice, dispatch = await self._serve_with_fallbacks(call, request)
-        except _CANNOT_ANSWER:
+            choice, dispatch = await self._fallbacks.send(call, request)
+        except CANNOT_ANSWER:
             cached = await self._cached_answer(answer_key, call)
             if cached is None:
                 raise
@@ -417,79 +409,11 @@ class Pipeline:
             or (call.tools is not None and not call.request.stream)  # streams: held live
         )
 
-    async def _serve_with_fallbacks(
-        self, call: Call, request: InboundRequest
-    ) -> tuple[TierChoice, Dispatch]:
-        """Send to the chosen pool; when it cannot answer, to the model's fallbacks in turn
-        (the tenant's own, and only models the tenant may use)."""
-        choice, route, context = call.choice, call.route, call.context
-        assert choice is not None and route is not None
-        tenant = call.tenant
-        failure: GatewayError
-        past = self._tiers.past_outgrown(
-            request.model, choice, route, lambda: request.size, tenant.tier_clamps
-        )
-        if past is not None:  # an earlier turn of this conversation was too long for it
-            choice = past
-        try:
-            return choice, await self._send_to(choice.pool, request, route, context)
-        except ContextLengthExceeded as exc:  # a tier with a larger window may hold it
-            failure = exc
-            self._tiers.outgrew(request.model, route, exc, request.size)
-            wider = self._tiers.wider(request.model, choice, exc.limit, tenant.tier_clamps)
-            if wider is not None:
-                try:
-                    return wider, await self._send_to(wider.pool, request, route, context)
-                except _CANNOT_ANSWER:
-                    pass  # the model's fallbacks next; the client hears the first refusal
-        except _CANNOT_ANSWER as exc:
-            failure = exc
-        for fallback in tenant.fallbacks.get(request.model, ()):
-            try:
-                alternative = await self._tiers.choose(
-                    fallback, request.endpoint, request.body, route, clamps=tenant.tier_clamps
-                )
-                dispatch = await self._send_to(alternative.pool, request, route, context)
-            except _CANNOT_ANSWER as exc:
-                log.warning("fallback %s of %s failed too: %s", fallback, request.model, exc)
-                continue
-            self._metrics.fallbacks.labels(request.model, fallback).inc()
-            return replace(alternative, fallback=fallback), dispatch
-        try:
-            raise failure
-        finally:
-            # The error's traceback holds this frame: a local still holding the error
-            # would make a cycle that keeps the request's body alive until the collector
-            # runs (gateway/resilience/dispatcher.py says what that costs).
-            del failure
-
-    async def _send_to(
-        self, pool: Pool, request: InboundRequest, route: RouteRequest, context: RequestContext
-    ) -> Dispatch:
-        headers = {"Content-Type": "application/json", "X-Request-Id": context.request_id}
-        if request.stream:
-            headers["Accept"] = "text/event-stream"
-        context_tokens = pool.context_tokens()
-        capped = request.output_capped(context_tokens)
-        dispatch = await self._dispatcher.send(
-            pool,
-            request.model,
-            request.endpoint.path,
-            request.body_for(pool.spec.served_model, capped),
-            headers,
-            route,
-            context.record,
-        )
-        if capped:
-            dispatch.output_capped_to = context_tokens
-            self._metrics.child(self._metrics.output_capped, request.model, pool.name).inc()
-        return dispatch
-
     async def _resend(self, call: Call, choice: TierChoice, request: InboundRequest) -> Settled:
         """`request` sent for `call` to `choice` (its fallbacks when it cannot answer),
         recorded, and its answer read whole: a checked answer's each try, and a tool
         call's re-ask or escalation."""
-        choice, dispatch = await self._serve_with_fallbacks(call.but(choice=choice), request)
+        choice, dispatch = await self._fallbacks.send(call.but(choice=choice), request)
         headers = self._note_routing(call, choice, dispatch)
         answer = await self._read_answer(call, request, dispatch)
         return Settled(choice, dispatch, headers, answer)

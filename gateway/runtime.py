@@ -307,8 +307,11 @@ def build_runtime(policy: Policy, services: Services, previous: Runtime | None =
             compactions=compactions,
             tenants=tenants,
             stored=stored,
+            metrics=metrics,
         ),
-        messages=MessagesService(pipeline, tenants=tenants, compactions=compactions),
+        messages=MessagesService(
+            pipeline, tenants=tenants, compactions=compactions, metrics=metrics
+        ),
         approvals=approvals,
         tenants=tenants,
         stored_bytes=stored,

@@ -114,9 +114,10 @@ class MessageCompactor:
 
     async def compact(
         self, body: dict[str, Any], request: Compact, tenant: str
-    ) -> tuple[dict[str, Any], dict[str, Any] | None]:
-        """The chat body compacted (when past the trigger, or now), and the block the answer
-        starts with; the body as it is and None when under the trigger."""
+    ) -> tuple[dict[str, Any], dict[str, Any] | None, int]:
+        """The chat body compacted (when past the trigger, or now), the block the answer
+        starts with and the tokens the fold saved; the body as it is, None and 0 when
+        under the trigger."""
         if self._compactions is None:
             raise InvalidRequest(
                 "Compaction needs the state store.", param="context_management", code="unsupported"
@@ -129,10 +130,10 @@ class MessageCompactor:
         else:
             found = compact_past(messages, request.trigger, spec, tokens)
             if found is None or found.messages == messages:
-                return body, None
+                return body, None, 0
             trimmed = found
         compacted = trimmed.messages[prefix_length(trimmed.messages) :]
         handle = await self._compactions.put(tenant, compacted)
         text = "\n\n".join(message_text(message) for message in compacted)
         block = {"type": "compaction", "content": text, "encrypted_content": handle}
-        return {**body, "messages": trimmed.messages}, block
+        return {**body, "messages": trimmed.messages}, block, trimmed.saved_tokens

@@ -33,6 +33,7 @@ from gateway.policy import Endpoint
 from gateway.policy.schema import LimitsSpec
 from gateway.request_context import RequestContext
 from gateway.responses.compaction import Compactions
+from gateway.telemetry.metrics import GatewayMetrics
 from gateway.tenants.settings import TenantPolicies
 from gateway.trimming.tokens import token_counter
 
@@ -44,8 +45,10 @@ class MessagesService:
         *,
         tenants: TenantPolicies | None = None,
         compactions: Compactions | None = None,
+        metrics: GatewayMetrics | None = None,
     ) -> None:
         self._pipeline = pipeline
+        self._metrics = metrics
         self._tenants = tenants or pipeline.tenants
         self._tallies: dict[str | None, Tally] = {}  # by the trimming tokenizer
         self._compactor = MessageCompactor(compactions, self._tenants)
@@ -107,8 +110,17 @@ class MessagesService:
             body, applied = self._edited(edits, body, tenant)
         block = None
         if compact is not None:
-            body, block = await self._compactor.compact(body, compact, tenant)
+            body, block, saved = await self._compactor.compact(body, compact, tenant)
+            if block is not None:
+                self._count("compaction", saved)
+        for edit in applied or ():
+            self._count("clear_tool_uses", edit["cleared_input_tokens"])
         return body, applied, block
+
+    def _count(self, edit: str, tokens: int) -> None:
+        if self._metrics is not None:
+            self._metrics.child(self._metrics.context_edits, "messages", edit).inc()
+            self._metrics.child(self._metrics.context_edit_tokens, "messages", edit).inc(tokens)
 
     async def count_tokens(
         self, raw: bytes, context: RequestContext, session_header: str | None = None
@@ -140,13 +152,17 @@ class MessagesService:
     ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         """The chat body with the request's context edits applied
         (gateway/anthropic/context_editing.py), and what they cleared."""
-        tokenizer = self._tenants.of(tenant).trimming.tokenizer
-        if tokenizer not in self._tallies:
-            self._tallies[tokenizer] = Tally(token_counter(tokenizer))
-        edited = apply_edits(edits, body["messages"], body.get("tools"), self._tallies[tokenizer])
+        edited = apply_edits(edits, body["messages"], body.get("tools"), self._tally(tenant))
         if edited.messages is not body["messages"]:
             body = {**body, "messages": edited.messages}
         return body, edited.applied
+
+    def _tally(self, tenant: str) -> Tally:
+        """The message token counts of the tenant's trimming tokenizer."""
+        tokenizer = self._tenants.of(tenant).trimming.tokenizer
+        if tokenizer not in self._tallies:
+            self._tallies[tokenizer] = Tally(token_counter(tokenizer))
+        return self._tallies[tokenizer]
 
 
 def _compaction_only(

@@ -58,6 +58,7 @@ from gateway.sessions.checkpoints import history
 from gateway.sessions.ids import SessionRef
 from gateway.sessions.store import CheckpointStore, fork_to_new_id
 from gateway.state.stored_bytes import StoredBytes
+from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.record import RequestRecord
 from gateway.tenants.identity import DEFAULT_TENANT, OPEN_ACCESS, Identity, TenantAccess
 from gateway.tenants.settings import TenantPolicies
@@ -77,6 +78,7 @@ class ResponsesService:
         compactions: Compactions | None = None,
         tenants: TenantPolicies | None = None,
         stored: StoredBytes | None = None,
+        metrics: GatewayMetrics | None = None,
     ) -> None:
         """`tenants`: each tenant's limits (gateway/tenants/settings.py); unset: the
         pipeline's. `compactions`: where compacted conversations are kept (without it,
@@ -86,6 +88,7 @@ class ResponsesService:
         self._checkpoints = checkpoints
         self._records = records
         self._compactions = compactions
+        self._metrics = metrics  # compactions counted (gateway_context_edits_total)
         self._tenants = tenants or pipeline.tenants
         self._counters: dict[str | None, TokenCounter] = {}  # by tokenizer file, loaded once
 
@@ -200,6 +203,7 @@ class ResponsesService:
         trimmed = compact(messages, spec, self._counter(spec.tokenizer))
         start = prefix_length(trimmed.messages)
         content = await self._compactions.put(tenant, trimmed.messages[start:])
+        self._count_compaction(trimmed.saved_tokens)
         own = 1 if request.get("instructions") else 0  # the instructions: sent every time
         output = [developer_item(m) for m in trimmed.messages[own:start]]
         output.append(compaction_item(content))
@@ -241,11 +245,18 @@ class ResponsesService:
             return messages, []
         start = prefix_length(trimmed.messages)
         content = await self._compactions.put(tenant, trimmed.messages[start:])
+        self._count_compaction(trimmed.saved_tokens)
         log.info(
             "compacted past %d tokens: %d messages to %d (%d saved)",
             limit, len(messages), len(trimmed.messages), trimmed.saved_tokens,
         )  # fmt: skip
         return trimmed.messages, [compaction_item(content)]
+
+    def _count_compaction(self, saved_tokens: int) -> None:
+        if self._metrics is not None:
+            metrics = self._metrics
+            metrics.child(metrics.context_edits, "responses", "compaction").inc()
+            metrics.child(metrics.context_edit_tokens, "responses", "compaction").inc(saved_tokens)
 
     def _counter(self, tokenizer: str | None) -> TokenCounter:
         if tokenizer not in self._counters:

@@ -148,6 +148,20 @@ class GatewayMetrics:
         self.checkpoints_written = self.checkpoints.labels("written")
         self.checkpoints_over_cap = self.checkpoints.labels("over_cap")
 
+        self.context_edits = Counter(
+            "gateway_context_edits",
+            "Context edits a request asked for and the gateway applied before the engine saw "
+            "the conversation, by API (messages, responses) and edit (clear_tool_uses, "
+            "compaction).",
+            ["api", "edit"],
+            registry=self.registry,
+        )
+        self.context_edit_tokens = Counter(
+            "gateway_context_edit_tokens",
+            "Conversation tokens those edits removed (the trimming tokenizer's count).",
+            ["api", "edit"],
+            registry=self.registry,
+        )
         self.trims = Counter(
             "gateway_trims",
             "Session contexts trimmed, by outcome: trimmed, or untrimmed because the trimmed "

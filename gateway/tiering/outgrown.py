@@ -12,7 +12,8 @@ a history the client compacted) is estimated smaller and goes where it was chose
 Kept in the process, not in the state store: this is a shortcut, not a promise (another
 gateway pays the refusal once and learns it too), and reading it costs no round trip.
 Keyed by the conversation's hash, which names its tenant (gateway/routing/costs.py), so
-nothing one tenant sends moves another's requests. A client that compacts its history
+nothing one tenant sends moves another's requests. A client that compacts its history is
+estimated smaller from then on (its size in bytes falls) and goes back to the small tier.
 Entries are forgotten `ttl_s` after their last use, and the oldest first past `capacity`.
 """
 

@@ -174,6 +174,7 @@ def test_the_root_holds_only_the_spine() -> None:
         "reload", "request_context", "runtime",
         "session_steps",  # the pipeline's checkpoint step: it knows dispatches and tiers
         "tool_call_steps",  # the pipeline's re-asks and escalations: they dispatch again
+        "fallback_steps",  # the pipeline's wider windows and fallbacks: tiers and dispatches
         "call",  # the values the pipeline's steps pass along
     }  # fmt: skip
     assert {path.stem for path in GATEWAY.glob("*.py")} <= spine

@@ -63,6 +63,8 @@ def test_past_the_trigger_the_engine_reads_the_compacted_conversation_and_the_bl
     )  # fmt: skip
     again = engine_messages(fake)
     assert again[: len(sent)] == sent  # the engine's cached prefix holds
+    metrics = client.get("/metrics").text
+    assert 'gateway_context_edits_total{api="messages",edit="compaction"} 1.0' in metrics
     assert again[len(sent) :] == [
         {"role": "assistant", "content": "Sunny today"},
         {"role": "user", "content": "And the tests?"},

@@ -262,6 +262,8 @@ def test_the_engine_gets_the_edited_history_and_the_answer_says_what_was_cleared
     )  # fmt: skip
     assert quiet.context_management is not None and quiet.context_management.applied_edits == []
     assert results(sent(fake)["messages"]) == ["0" * 400, "1" * 400]
+    metrics = client.get("/metrics").text
+    assert 'gateway_context_edits_total{api="messages",edit="clear_tool_uses"} 2.0' in metrics
     # and a request without `context_management` is answered as before
     plain = client.post(
         "/v1/messages", json={"model": "tiny", "max_tokens": 8, "messages": history(4)}

@@ -238,6 +238,8 @@ def test_compaction_folds_the_history_and_its_item_is_hydrated_the_same_every_tu
     assert kept["role"] == "developer"  # the leading developer message, as it was
     assert item["type"] == "compaction" and item["encrypted_content"].startswith("agw-")
     assert compacted.usage.output_tokens < compacted.usage.input_tokens
+    metrics = client.get("/metrics").text
+    assert 'gateway_context_edits_total{api="responses",edit="compaction"} 1.0' in metrics
     sent_twice = []
     for _ in range(2):
         follow = {"type": "message", "role": "user", "content": "and order 9?"}
