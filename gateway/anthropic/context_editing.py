@@ -18,8 +18,8 @@ Edits are a function of the request alone, so the same history is edited the sam
 every turn (the engine's prefix cache keeps hitting up to the oldest result newly cleared;
 `clear_at_least` makes each such invalidation worth it, as Anthropic advises). Token counts
 are the trimming tokenizer's (gateway/trimming/tokens.py), each message counted once per
-process; a prompt whose bytes are under the trigger is not tokenized at all (a token is at
-least a byte).
+process; a prompt whose bytes are under an `input_tokens` trigger is not tokenized at all
+(a token is at least a byte), and under a `tool_uses` trigger only what is cleared is.
 """
 
 from __future__ import annotations
