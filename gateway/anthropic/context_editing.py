@@ -8,9 +8,11 @@ the edited one, and the answer says what was cleared (`context_management.applie
   replaced by a placeholder, oldest first; tools named in `exclude_tools` are never
   cleared; `clear_tool_inputs` (true, or a list of tool names) empties the calls' inputs
   too; with `clear_at_least`, nothing is cleared unless that many tokens would be.
-- `clear_thinking_20251015`: accepted and checked; it never changes what the engine is
-  sent, because no thinking block of a history is replayed to the engine at all
-  (gateway/anthropic/convert.py), so it is never reported as applied.
+- `clear_thinking_20251015`: the history's thinking (each assistant message's `reasoning`,
+  gateway/anthropic/convert.py) kept for the last `keep` assistant messages only (`all`:
+  every one, which keeps the engine's cached prefix whole). Without it, Anthropic's rule:
+  the last assistant message's thinking with thinking on, none with it off
+  (`thinking_kept`).
 - `compact_20260112`: compaction on the gateway's trimming (gateway/anthropic/compaction.py),
   parsed here and run by the Messages service.
 
@@ -58,7 +60,7 @@ class ClearToolUses:
 
 @dataclass(frozen=True)
 class ClearThinking:
-    keep: int | None  # turns whose thinking is kept; None: all
+    keep: int | None  # assistant messages whose thinking is kept, the last ones; None: all
 
 
 Edit = ClearToolUses | ClearThinking | Compact
@@ -188,6 +190,10 @@ class Tally:
             tool_tokens = 0
         return tool_tokens + sum(self.message(m) for m in messages)
 
+    def text(self, text: str) -> int:
+        raw = text.encode()
+        return self._count(raw, lambda: text, 0)
+
     def _count(self, raw: bytes, text: Callable[[], str], overhead: int) -> int:
         key = hashlib.blake2b(raw, digest_size=16).digest()
         count = self._counted.get(key)
@@ -205,6 +211,42 @@ class Edited:
     applied: list[dict[str, Any]]  # `context_management.applied_edits`
 
 
+def default_thinking(edits: tuple[Edit, ...] | None, thinking_on: bool) -> ClearThinking | None:
+    """What is kept of the history's thinking when the request does not say: Anthropic's
+    rule, the last assistant message's with thinking on, none with it off (whatever the
+    edits say: thinking off, no past thought is read). None when the request's own
+    `clear_thinking_20251015` decides (and is reported: `apply_edits`)."""
+    if not thinking_on:
+        return ClearThinking(keep=0)
+    if any(isinstance(edit, ClearThinking) for edit in edits or ()):
+        return None
+    return ClearThinking(keep=1)
+
+
+def clear_thinking(
+    edit: ClearThinking, messages: list[Message], tally: Tally
+) -> tuple[list[Message], dict[str, Any] | None]:
+    """The messages with `reasoning` left on the last `edit.keep` assistant messages that
+    carry it, and what was cleared (None when nothing was)."""
+    if edit.keep is None:  # `all`
+        return messages, None
+    carrying = [i for i, m in enumerate(messages) if m.get("reasoning")]
+    cut = carrying[: max(0, len(carrying) - edit.keep)]
+    if not cut:
+        return messages, None
+    edited = list(messages)
+    tokens = 0
+    for i in cut:
+        tokens += tally.text(edited[i]["reasoning"])
+        edited[i] = {k: v for k, v in edited[i].items() if k != "reasoning"}
+    report = {
+        "type": CLEAR_THINKING,
+        "cleared_thinking_turns": len(cut),
+        "cleared_input_tokens": tokens,
+    }
+    return edited, report
+
+
 def apply_edits(
     edits: tuple[Edit, ...], messages: list[Message], tools: Any, tally: Tally
 ) -> Edited:
@@ -215,8 +257,12 @@ def apply_edits(
     for edit in edits:
         if isinstance(edit, ClearToolUses):
             messages, report = _clear(edit, messages, tools, tally)
-            if report is not None:
-                applied.append(report)
+        elif isinstance(edit, ClearThinking):
+            messages, report = clear_thinking(edit, messages, tally)
+        else:
+            continue
+        if report is not None:
+            applied.append(report)
     return Edited(messages, applied)
 
 

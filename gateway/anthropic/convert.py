@@ -15,8 +15,10 @@ defines (`web_search_*`, `bash_*`, `text_editor_*`, ...) are left out of what th
 (the caller is told which, in a header), and so are their calls and results in a history
 from Anthropic's API (`server_tool_use`, `web_search_tool_result`, ...). Text documents
 and search results are text, their title first; a PDF or URL document is refused. Thinking
-blocks in the history are not replayed to the engine (as OpenAI's reasoning items are
-not); `thinking` is accepted, and the engine's own reasoning, where it has a reasoning
+blocks in the history become the assistant message's `reasoning`, as vLLM's own endpoint
+passes them (its chat template decides what it renders), for the turns Anthropic's rules
+keep (gateway/anthropic/context_editing.py: the last one by default, none with thinking
+off); `thinking` is accepted, and the engine's own reasoning, where it has a reasoning
 parser, is returned in thinking blocks; nothing is invented where it has none.
 
 The answer's way back: gateway/anthropic/answer.py.
@@ -277,6 +279,7 @@ def _chat_messages(turn: Any, param: str) -> list[Message]:
 def _assistant(blocks: list[Any], param: str) -> Message:
     texts: list[str] = []
     calls: list[dict[str, Any]] = []
+    reasoning: list[str] = []
     for i, block in enumerate(blocks):
         kind = block.get("type") if isinstance(block, dict) else None
         where = f"{param}.{i}"
@@ -294,8 +297,12 @@ def _assistant(blocks: list[Any], param: str) -> Message:
                     "arguments": json.dumps(arguments),
                 },
             })  # fmt: skip
-        elif kind in ("thinking", "redacted_thinking", "compaction"):
-            # the engine's own reasoning is not replayed to it; a compaction block is read
+        elif kind == "thinking":  # the engine's reasoning, as vLLM's own endpoint passes it
+            thought = block.get("thinking")
+            if isinstance(thought, str) and thought:
+                reasoning.append(thought)
+        elif kind in ("redacted_thinking", "compaction"):
+            # an encrypted thought means nothing to the engine; a compaction block is read
             # where the history starts (`_after_compaction`), and a failed one is nothing
             continue
         elif isinstance(kind, str) and (kind in _SERVER_BLOCKS or kind.endswith("_tool_result")):
@@ -308,6 +315,8 @@ def _assistant(blocks: list[Any], param: str) -> Message:
     message: Message = {"role": "assistant", "content": "".join(texts) or None}
     if calls:
         message["tool_calls"] = calls
+    if reasoning:  # kept for the last turns only (gateway/anthropic/context_editing.py)
+        message["reasoning"] = "".join(reasoning)
     return message
 
 

@@ -22,7 +22,15 @@ import orjson
 from gateway import headers as gateway_headers
 from gateway.anthropic.answer import message_object, usage_of
 from gateway.anthropic.compaction import Compact, MessageCompactor, compaction_now
-from gateway.anthropic.context_editing import Edit, Tally, apply_edits, parse_edits
+from gateway.anthropic.context_editing import (
+    CLEAR_TOOL_USES,
+    Edit,
+    Tally,
+    apply_edits,
+    clear_thinking,
+    default_thinking,
+    parse_edits,
+)
 from gateway.anthropic.convert import ChatRequest, chat_request
 from gateway.anthropic.stream import MessageEvents
 from gateway.chat.inbound import check_array_length, check_depth, check_max_tokens, json_object
@@ -105,6 +113,7 @@ class MessagesService:
         body = converted.body
         if converted.compaction is not None:
             body = await self._compactor.restore(converted, tenant)
+        body = self._thinking_by_default(edits, converted.thinking, body, tenant)
         applied = None
         if edits is not None:
             body, applied = self._edited(edits, body, tenant)
@@ -114,7 +123,8 @@ class MessagesService:
             if block is not None:
                 self._count("compaction", saved)
         for edit in applied or ():
-            self._count("clear_tool_uses", edit["cleared_input_tokens"])
+            kind = "clear_tool_uses" if edit["type"] == CLEAR_TOOL_USES else "clear_thinking"
+            self._count(kind, edit["cleared_input_tokens"])
         return body, applied, block
 
     def _count(self, edit: str, tokens: int) -> None:
@@ -138,6 +148,7 @@ class MessagesService:
         body = converted.body
         if converted.compaction is not None:
             body = await self._compactor.restore(converted, tenant)
+        body = self._thinking_by_default(edits, converted.thinking, body, tenant)
         if edits is None:
             count = await self._pipeline.count_tokens(body, context)
             return Served(headers, orjson.dumps({"input_tokens": count}))
@@ -156,6 +167,17 @@ class MessagesService:
         if edited.messages is not body["messages"]:
             body = {**body, "messages": edited.messages}
         return body, edited.applied
+
+    def _thinking_by_default(
+        self, edits: tuple[Edit, ...] | None, thinking_on: bool, body: dict[str, Any], tenant: str
+    ) -> dict[str, Any]:
+        """The history's thinking kept as Anthropic keeps it when the request's edits do
+        not say (gateway/anthropic/context_editing.py); not reported: nobody asked."""
+        default = default_thinking(edits, thinking_on)
+        if default is None:
+            return body
+        messages, _ = clear_thinking(default, body["messages"], self._tally(tenant))
+        return body if messages is body["messages"] else {**body, "messages": messages}
 
     def _tally(self, tenant: str) -> Tally:
         """The message token counts of the tenant's trimming tokenizer."""

@@ -152,7 +152,7 @@ class GatewayMetrics:
             "gateway_context_edits",
             "Context edits a request asked for and the gateway applied before the engine saw "
             "the conversation, by API (messages, responses) and edit (clear_tool_uses, "
-            "compaction).",
+            "clear_thinking, compaction).",
             ["api", "edit"],
             registry=self.registry,
         )

@@ -183,9 +183,12 @@ def test_context_edits_shrink_the_prompt_the_engine_reads(client: anthropic.Anth
     ]}  # fmt: skip
     request: dict[str, Any] = {"model": "tiny", "messages": history, "tools": [WEATHER]}
     whole = client.messages.create(**request, max_tokens=4)
+    # thinking on, all of it kept: the engine takes each assistant message's `reasoning`
+    thinking: Any = {"type": "adaptive"}
     edited = client.beta.messages.create(
-        **request, max_tokens=4, context_management=edits, betas=["context-management-2025-06-27"]
-    )
+        **request, max_tokens=4, context_management=edits, thinking=thinking,
+        betas=["context-management-2025-06-27"],
+    )  # fmt: skip
     assert edited.context_management is not None
     (applied,) = edited.context_management.applied_edits
     assert applied.type == "clear_tool_uses_20250919" and applied.cleared_tool_uses == 2
@@ -193,8 +196,9 @@ def test_context_edits_shrink_the_prompt_the_engine_reads(client: anthropic.Anth
     read_edited = prompt_tokens(edited.usage.model_dump())
     assert read_edited < read_whole - 200  # two results of about 150 tokens each, gone
     counted = client.beta.messages.count_tokens(
-        **request, context_management=edits, betas=["context-management-2025-06-27"]
-    )
+        **request, context_management=edits, thinking=thinking,
+        betas=["context-management-2025-06-27"],
+    )  # fmt: skip
     assert counted.input_tokens == read_edited
     assert counted.context_management is not None
     assert counted.context_management.original_input_tokens == read_whole

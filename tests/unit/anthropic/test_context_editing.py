@@ -299,3 +299,62 @@ def test_a_bad_edit_is_an_anthropic_400_before_any_engine_is_asked(
         )  # fmt: skip
     assert "instructions" in str(refused.value)
     assert len(fake.calls) == calls
+
+
+def thoughtful(turns: int) -> list[Any]:
+    """A history whose every assistant message thought before it called a tool."""
+    history_: list[Any] = [{"role": "user", "content": "Read three files."}]
+    for i in range(turns):
+        history_ += [
+            {"role": "assistant", "content": [
+                {"type": "thinking", "thinking": f"thought {i}", "signature": "sig"},
+                {"type": "tool_use", "id": f"toolu_{i}", "name": "read_file",
+                 "input": {"path": f"f{i}.py"}}]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": f"toolu_{i}", "content": "text"}]},
+        ]  # fmt: skip
+    return history_
+
+
+def reasoning_sent(fake: FakeUpstream) -> list[str | None]:
+    return [m.get("reasoning") for m in sent(fake)["messages"] if m["role"] == "assistant"]
+
+
+@pytest.mark.parametrize(
+    ("thinking", "edits", "kept", "cleared"),
+    [
+        # Anthropic's default: the last assistant message's thinking, with thinking on
+        ({"type": "enabled", "budget_tokens": 1024}, None, [None, None, "thought 2"], None),
+        # Claude Code's edit: all of it (the engine's cached prefix stays whole)
+        ({"type": "adaptive"}, [{"type": "clear_thinking_20251015", "keep": "all"}],
+         ["thought 0", "thought 1", "thought 2"], None),
+        ({"type": "adaptive"},
+         [{"type": "clear_thinking_20251015", "keep": {"type": "thinking_turns", "value": 2}}],
+         [None, "thought 1", "thought 2"], 1),
+        # thinking off: no past thought is read, whatever the edits say
+        (None, [{"type": "clear_thinking_20251015", "keep": "all"}], [None, None, None], None),
+    ],
+)  # fmt: skip
+def test_the_history_s_thinking_reaches_the_engine_for_the_turns_kept(
+    app: tuple[TestClient, FakeUpstream],
+    thinking: Any,
+    edits: Any,
+    kept: list[str | None],
+    cleared: int | None,
+) -> None:
+    client, fake = app
+    body: dict[str, Any] = {"model": "tiny", "max_tokens": 8, "messages": thoughtful(3)}
+    if thinking is not None:
+        body["thinking"] = thinking
+    if edits is not None:
+        body["context_management"] = {"edits": edits}
+    answer = client.post("/v1/messages", json=body)
+    assert answer.status_code == 200, answer.text
+    assert reasoning_sent(fake) == kept
+    applied = answer.json().get("context_management", {}).get("applied_edits", [])
+    if cleared is None:
+        assert applied == []
+    else:
+        (edit,) = applied
+        assert edit["type"] == "clear_thinking_20251015"
+        assert edit["cleared_thinking_turns"] == cleared and edit["cleared_input_tokens"] > 0
