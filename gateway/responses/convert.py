@@ -1,7 +1,8 @@
 """Between the Responses API's shapes and Chat Completions'.
 
 Input items become chat messages (consecutive `function_call` items one assistant message
-with several tool calls; `function_call_output` a tool message); function tools and
+with several tool calls; `function_call_output` a tool message; a `reasoning` item the
+`reasoning` of the assistant message after it, in the current turn); function tools and
 `tool_choice` are rewritten; the engine's chat completion becomes a Response object whose
 output is a message item and/or function_call items (and the engine's reasoning, where it
 has a reasoning parser, as a reasoning item). Tools: gateway/responses/tools.py. Item
@@ -94,11 +95,15 @@ def input_messages(
     if not isinstance(items, list):
         raise InvalidRequest("`input` must be a string or a list of items.", param="input")
     messages: list[Message] = []
+    thought: str | None = None  # a reasoning item's, for the assistant message after it
     for i, item in enumerate(items):
         param = f"input[{i}]"
         if not isinstance(item, dict):
             raise InvalidRequest("Each input item must be an object.", param=param)
         kind = item.get("type", "message")
+        if kind == "reasoning":
+            thought = _reasoning_text(item)
+            continue
         if kind == "message":
             role = item.get("role")
             if not isinstance(role, str) or role not in _ROLES:  # a list is unhashable
@@ -130,8 +135,6 @@ def input_messages(
                 "content": output if isinstance(output, str)
                            else _text_of(output, f"{param}.output"),
             })  # fmt: skip
-        elif kind == "reasoning":
-            continue  # the engine's own reasoning is not replayed to it
         elif kind == "compaction" and compacted is not None and i in compacted:
             messages.extend(compacted[i])
         else:
@@ -140,6 +143,34 @@ def input_messages(
                 param=f"{param}.type",
                 code="unsupported_item",
             )
+        last = messages[-1] if messages else None
+        if thought is not None and last and last["role"] == "assistant" and "reasoning" not in last:
+            last["reasoning"] = thought  # the thought behind this answer or call
+        thought = None
+    return _reasoning_of_this_turn(messages)
+
+
+def _reasoning_text(item: dict[str, Any]) -> str | None:
+    """The thought a reasoning item carries: its `reasoning_text` content (an open model's
+    own, as vLLM gives it), else its summary (this gateway's items hold the engine's whole
+    reasoning there). None for one that holds only another provider's encrypted thought."""
+    content, summary = item.get("content"), item.get("summary")
+    parts: list[Any] = content if isinstance(content, list) and content else []
+    if not parts and isinstance(summary, list):
+        parts = summary
+    texts = [p["text"] for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str)]
+    return "\n\n".join(texts) or None
+
+
+def _reasoning_of_this_turn(messages: list[Message]) -> list[Message]:
+    """The engine's reasoning replayed on the assistant messages since the last user
+    message only: a reasoning model reads its own thought through a tool loop (gpt-oss's
+    harmony format needs it), and its chat template drops earlier turns' anyway (Qwen3's
+    does), so earlier thoughts are left out rather than sent to be ignored."""
+    last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1)
+    for i in range(last_user):
+        if "reasoning" in messages[i]:
+            messages[i] = {k: v for k, v in messages[i].items() if k != "reasoning"}
     return messages
 
 

@@ -153,6 +153,40 @@ def test_the_history_s_namespaced_calls_reach_the_engine_by_their_joined_name(
     assert messages[-1] == {"role": "tool", "tool_call_id": "call_7", "content": "agent a1 started"}
 
 
+def test_the_engine_s_own_reasoning_comes_back_to_it_through_the_tool_loop(
+    redis_url: str, gateways: OpenGateways
+) -> None:
+    """Reasoning items sent back (Codex keeps them, `store: false`) become the `reasoning`
+    of the assistant message after them, as vLLM's own Responses API gives a reasoning
+    model its thought back; only since the last user message (templates drop older ones),
+    and never another provider's encrypted thought."""
+    client, fake = open_gateway(gateways, redis_url)
+    request = codex_request()
+
+    def step(n: int, reasoning: Any) -> list[Any]:
+        return [
+            reasoning,
+            {"type": "function_call", "call_id": f"call_{n}", "name": "exec_command",
+             "arguments": '{"cmd": "ls"}'},
+            {"type": "function_call_output", "call_id": f"call_{n}", "output": "a.py"},
+        ]  # fmt: skip
+
+    ours = {"type": "reasoning", "summary": [{"type": "summary_text", "text": "Look first."}],
+            "encrypted_content": None}  # fmt: skip
+    vllm_s = {"type": "reasoning", "summary": [],
+              "content": [{"type": "reasoning_text", "text": "Now read it."}]}  # fmt: skip
+    openai_s = {"type": "reasoning", "summary": [], "encrypted_content": "gAAAAB..."}
+    request["input"] += [
+        *step(1, ours),
+        {"type": "message", "role": "user", "content": [
+            {"type": "input_text", "text": "and the tests?"}]},
+        *step(2, ours), *step(3, vllm_s), *step(4, openai_s),
+    ]  # fmt: skip
+    assert client.post("/v1/responses", json=request).status_code == 200
+    thoughts = [m.get("reasoning") for m in sent(fake)["messages"] if m["role"] == "assistant"]
+    assert thoughts == [None, "Look first.", "Now read it.", None]
+
+
 def test_store_false_is_served_statelessly_yet_kept_as_the_client_s_session(
     redis_url: str, gateways: OpenGateways
 ) -> None:
