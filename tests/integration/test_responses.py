@@ -5,6 +5,7 @@ and a streamed response read by the openai SDK."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -114,8 +115,15 @@ def text_of(content: Any) -> str:
     return str(content)
 
 
-def test_a_streamed_response_with_the_openai_sdk(gateway: Gateway) -> None:
-    client = openai.OpenAI(base_url=gateway.v1, api_key="unused", max_retries=0, timeout=120)
+@pytest.fixture
+def client(gateway: Gateway) -> Iterator[openai.OpenAI]:
+    """The openai SDK's client, closed with the test (its pooled sockets are not left to
+    the collector, whose warning would fail a later test)."""
+    with openai.OpenAI(base_url=gateway.v1, api_key="unused", max_retries=0, timeout=120) as client:
+        yield client
+
+
+def test_a_streamed_response_with_the_openai_sdk(client: openai.OpenAI) -> None:
     events = list(
         # temperature 0: the random weights ending the answer within four tokens would
         # complete it instead (about 1 in 1,000 at the default temperature)
@@ -143,13 +151,12 @@ INSTRUCTIONS = SYSTEM * 40
 
 
 def test_a_compacted_conversation_continues_from_the_engine_s_prefix_cache(
-    gateway: Gateway,
+    client: openai.OpenAI,
 ) -> None:
     """Codex's remote compaction with the openai SDK: `POST /v1/responses/compact` folds
     the early turns (the gateway's trimming; no engine asked), the compaction item goes
     into the next turn, which reads the prefix the turns before it cached, and the turn
     after reads the compacted block itself from the cache."""
-    client = openai.OpenAI(base_url=gateway.v1, api_key="unused", max_retries=0, timeout=120)
     key = str(uuid.uuid4())  # Codex's session: every turn to one replica
     turns: list[Any] = []
     for i in range(10):
