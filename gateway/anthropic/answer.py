@@ -50,6 +50,21 @@ def tool_input(arguments: str) -> dict[str, Any]:
     return parsed if isinstance(parsed, dict) else {"arguments": arguments}
 
 
+def message_shell(message_id: str, request: dict[str, Any]) -> dict[str, Any]:
+    """A Message with nothing in it yet: what a stream's `message_start` carries, and what
+    every answer fills in."""
+    return {
+        "id": message_id,
+        "type": "message",
+        "role": "assistant",
+        "model": request["model"],
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": usage_of(None),
+    }
+
+
 def message_object(
     message_id: str, request: dict[str, Any], completion: dict[str, Any], thinking: bool
 ) -> dict[str, Any]:
@@ -74,10 +89,7 @@ def message_object(
         choice.get("finish_reason"), choice.get("stop_reason"), request, bool(calls)
     )
     return {
-        "id": message_id,
-        "type": "message",
-        "role": "assistant",
-        "model": request["model"],
+        **message_shell(message_id, request),
         "content": content,
         "stop_reason": reason,
         "stop_sequence": sequence,

@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 
 from gateway import headers as gateway_headers
-from gateway.anthropic.answer import message_object, usage_of
+from gateway.anthropic.answer import message_object, message_shell
 from gateway.anthropic.compaction import Compact, MessageCompactor, compaction_now
 from gateway.anthropic.context_editing import (
     CLEAR_TOOL_USES,
@@ -110,10 +110,7 @@ class MessagesService:
         """The chat body the engine is sent: a sent-back compaction block's conversation put
         in its place, the context edits applied, and compacted if asked and due; with what
         the edits cleared and the compaction block the answer starts with."""
-        body = converted.body
-        if converted.compaction is not None:
-            body = await self._compactor.restore(converted, tenant)
-        body = self._thinking_by_default(edits, converted.thinking, body, tenant)
+        body = await self._history(converted, edits, tenant)
         applied = None
         if edits is not None:
             body, applied = self._edited(edits, body, tenant)
@@ -145,10 +142,7 @@ class MessagesService:
         )
         headers = gateway_headers.tools_dropped(converted.dropped_tools, context.request_id)
         tenant = context.access.name
-        body = converted.body
-        if converted.compaction is not None:
-            body = await self._compactor.restore(converted, tenant)
-        body = self._thinking_by_default(edits, converted.thinking, body, tenant)
+        body = await self._history(converted, edits, tenant)
         if edits is None:
             count = await self._pipeline.count_tokens(body, context)
             return Served(headers, orjson.dumps({"input_tokens": count}))
@@ -168,12 +162,17 @@ class MessagesService:
             body = {**body, "messages": edited.messages}
         return body, edited.applied
 
-    def _thinking_by_default(
-        self, edits: tuple[Edit, ...] | None, thinking_on: bool, body: dict[str, Any], tenant: str
+    async def _history(
+        self, converted: ChatRequest, edits: tuple[Edit, ...] | None, tenant: str
     ) -> dict[str, Any]:
-        """The history's thinking kept as Anthropic keeps it when the request's edits do
-        not say (gateway/anthropic/context_editing.py); not reported: nobody asked."""
-        default = default_thinking(edits, thinking_on)
+        """The chat body before the request's own edits, as Anthropic's API would read it:
+        a sent-back compaction block's conversation in its place, and the history's
+        thinking kept by Anthropic's default where the edits do not say (not reported:
+        nobody asked; gateway/anthropic/context_editing.py)."""
+        body = converted.body
+        if converted.compaction is not None:
+            body = await self._compactor.restore(converted, tenant)
+        default = default_thinking(edits, converted.thinking)
         if default is None:
             return body
         messages, _ = clear_thinking(default, body["messages"], self._tally(tenant))
@@ -200,14 +199,9 @@ def _compaction_only(
     if request.get("stream"):
         return Served(headers, stream=Replay(events.compaction_only()))
     message = {
-        "id": message_id,
-        "type": "message",
-        "role": "assistant",
-        "model": request["model"],
+        **message_shell(message_id, request),
         "content": [block],
         "stop_reason": "compaction",
-        "stop_sequence": None,
-        "usage": usage_of(None),
     }
     if applied is not None:
         message["context_management"] = {"applied_edits": applied}

@@ -21,7 +21,7 @@ from typing import Any
 
 import orjson
 
-from gateway.anthropic.answer import stop_reason, tool_input, usage_of
+from gateway.anthropic.answer import message_shell, stop_reason, tool_input, usage_of
 from gateway.chat.conformance import NotAnAnswer, check_shape
 from gateway.chat.stream import DONE, chunks_of, first_choice
 from gateway.errors import anthropic_error_type
@@ -54,16 +54,7 @@ class MessageEvents:
         return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
 
     def _start(self) -> list[bytes]:
-        message = {
-            "id": self._id,
-            "type": "message",
-            "role": "assistant",
-            "model": self._request["model"],
-            "content": [],
-            "stop_reason": None,
-            "stop_sequence": None,
-            "usage": usage_of(None),
-        }
+        message = message_shell(self._id, self._request)
         events = [
             self._event("message_start", {"type": "message_start", "message": message}),
             self._event("ping", {"type": "ping"}),
